@@ -1,0 +1,1 @@
+"""LoopGuard's operator console: a Django project (settings, URLs, WSGI/ASGI entry points)."""

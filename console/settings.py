@@ -1,0 +1,162 @@
+"""Django settings for the console, read from the environment.
+
+Every value comes through a small helper that raises ImproperlyConfigured on a bad value, so
+a typo in the environment stops the process at start-up instead of misbehaving later.
+Defaults suit a first run on a developer machine (DEBUG on, local PostgreSQL and Redis).
+"""
+
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.csp import CSP
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def env_bool(name: str, default: bool) -> bool:
+    """Read a yes/no variable (1/0, true/false, yes/no, on/off)."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use 1/0, true/false, on/off)")
+
+
+def env_str(name: str, default: str | None = None) -> str:
+    """Read a non-empty string; without a default the variable is required."""
+    value = os.environ.get(name, "").strip() or default
+    if value is None:
+        raise ImproperlyConfigured(f"{name} must be set")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    """Read a comma-separated list, ignoring blanks around items."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_database(name: str, default: str) -> dict[str, object]:
+    """Read a database URL (postgres://user:pass@host:port/name) into a DATABASES entry."""
+    url = env_str(name, default)
+    try:
+        # Health checks keep a persistent connection from failing the first request after
+        # PostgreSQL restarts.
+        return dict(dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True))
+    except ValueError as error:
+        raise ImproperlyConfigured(f"{name} is not a usable database URL: {error}") from error
+
+
+def env_redis_url(name: str, default: str) -> str:
+    """Read a Redis URL (redis://, rediss:// or unix://)."""
+    url = env_str(name, default)
+    if urlsplit(url).scheme not in {"redis", "rediss", "unix"}:
+        raise ImproperlyConfigured(f"{name}={url!r} must start with redis://, rediss:// or unix://")
+    return url
+
+
+DEBUG = env_bool("DJANGO_DEBUG", default=True)
+
+# The insecure key exists only so that a first run works; without DEBUG a real key is required.
+_DEV_SECRET_KEY = "django-insecure-loopguard-development-only"  # noqa: S105
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", _DEV_SECRET_KEY if DEBUG else None)
+
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+
+DATABASES = {
+    "default": env_database("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_redis_url("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",  # runserver serves static files the way production does
+    "django.contrib.staticfiles",
+    "django_htmx",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+# Everything, htmx included, is served from our own origin: no CDN, no inline scripts.
+SECURE_CSP = {"default-src": [CSP.SELF]}
+
+ROOT_URLCONF = "console.urls"
+WSGI_APPLICATION = "console.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.template.context_processors.csp",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # The manifest storage needs `collectstatic` to have run, which a deployment does and a
+    # developer's first run does not.
+    "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        if DEBUG
+        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+    },
+}
+
+# Decided here rather than by WhiteNoise at start-up, because the test runner switches DEBUG off
+# at run time and would otherwise make WhiteNoise expect a collected STATIC_ROOT.
+WHITENOISE_USE_FINDERS = DEBUG
+WHITENOISE_AUTOREFRESH = DEBUG
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+SESSION_COOKIE_SECURE = not DEBUG
+CSRF_COOKIE_SECURE = not DEBUG
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_str("DJANGO_LOG_LEVEL", "INFO")},
+}

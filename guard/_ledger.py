@@ -1,0 +1,194 @@
+"""The idempotency ledger: one entry per business action of a write tool."""
+
+from __future__ import annotations
+
+import threading
+from enum import StrEnum
+from typing import NamedTuple, Protocol, runtime_checkable
+
+from ._values import OperationState, Result
+
+__all__ = ["Claim", "ClaimStatus", "InMemoryLedger", "Ledger", "LedgerError", "Operation"]
+
+
+class LedgerError(RuntimeError):
+    """A ledger transition was asked from a state that does not allow it."""
+
+
+class Operation(NamedTuple):
+    """One ledger entry as it stands now (immutable; a named tuple because it is made on
+    every write and must be cheap)."""
+
+    key: str
+    fingerprint: str
+    state: OperationState
+    result: Result | None = None
+    attempts: int = 1
+    evidence: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready form for stop reports."""
+        return {
+            "key": self.key,
+            "state": str(self.state),
+            "fingerprint": self.fingerprint,
+            "result": None if self.result is None else self.result.to_dict(),
+            "attempts": self.attempts,
+            "evidence": self.evidence,
+        }
+
+
+class ClaimStatus(StrEnum):
+    """The answer to a claim."""
+
+    CLAIMED = "claimed"  # the caller owns the key now and may execute once
+    COMMITTED = "committed"  # already done: reuse ``operation.result``
+    CONFLICT = "conflict"  # the key was used for different input
+    IN_FLIGHT = "in_flight"  # someone is executing it right now
+    UNKNOWN = "unknown"  # it may or may not have happened: a human must settle it
+
+
+class Claim(NamedTuple):
+    """What :meth:`Ledger.claim` decided, with the entry it decided on."""
+
+    status: ClaimStatus
+    operation: Operation
+
+
+@runtime_checkable
+class Ledger(Protocol):
+    """Storage for operations, shared by every guard that may touch the same business actions.
+
+    ``claim`` must be atomic across everything sharing the ledger: of any number of
+    concurrent claims on a fresh key, exactly one gets ``CLAIMED``. Nothing is deleted.
+    """
+
+    def get(self, key: str) -> Operation | None:
+        """The entry for ``key``, if any (a read; decides nothing)."""
+        ...
+
+    def claim(self, key: str, fingerprint: str) -> Claim:
+        """Take ``key`` for one execution of ``fingerprint``.
+
+        A fresh key, or a ``NOT_COMMITTED`` one with the same fingerprint, becomes
+        ``IN_FLIGHT`` and is ``CLAIMED``. Otherwise the entry is left as it is.
+        """
+        ...
+
+    def record(self, key: str, fingerprint: str, result: Result) -> Operation:
+        """``IN_FLIGHT`` → ``COMMITTED`` with the result to hand to later requests."""
+        ...
+
+    def mark_unknown(self, key: str, fingerprint: str) -> Operation:
+        """``IN_FLIGHT`` → ``UNKNOWN``: the execution's outcome was lost."""
+        ...
+
+    def resolve(
+        self,
+        key: str,
+        *,
+        committed: bool,
+        result: Result | None = None,
+        evidence: str = "",
+    ) -> Operation:
+        """Settle an ``IN_FLIGHT`` or ``UNKNOWN`` entry from trusted evidence."""
+        ...
+
+
+class InMemoryLedger:
+    """A ledger in this process's memory, safe to share between threads and guards.
+
+    It gives the same answers as a database ledger but forgets everything when the
+    process ends: use it for tests, replays and single-process tools.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, Operation] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Operation | None:
+        """The entry for ``key``, if any."""
+        with self._lock:
+            return self._entries.get(key)
+
+    def claim(self, key: str, fingerprint: str) -> Claim:
+        """Atomically take ``key`` for one execution (see :class:`Ledger`)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = Operation(key, fingerprint, OperationState.IN_FLIGHT)
+                self._entries[key] = entry
+                return Claim(ClaimStatus.CLAIMED, entry)
+            if entry.fingerprint != fingerprint:
+                return Claim(ClaimStatus.CONFLICT, entry)
+            if entry.state is OperationState.NOT_COMMITTED:
+                attempts = entry.attempts + 1
+                entry = Operation(
+                    key, fingerprint, OperationState.IN_FLIGHT, None, attempts, entry.evidence
+                )
+                self._entries[key] = entry
+                return Claim(ClaimStatus.CLAIMED, entry)
+            return Claim(_CLAIM_STATUS[entry.state], entry)
+
+    def record(self, key: str, fingerprint: str, result: Result) -> Operation:
+        """``IN_FLIGHT`` → ``COMMITTED``."""
+        committed = OperationState.COMMITTED
+        return self._move(key, fingerprint, committed, _FROM_IN_FLIGHT, result=result)
+
+    def mark_unknown(self, key: str, fingerprint: str) -> Operation:
+        """``IN_FLIGHT`` → ``UNKNOWN``."""
+        return self._move(key, fingerprint, OperationState.UNKNOWN, _FROM_IN_FLIGHT)
+
+    def resolve(
+        self,
+        key: str,
+        *,
+        committed: bool,
+        result: Result | None = None,
+        evidence: str = "",
+    ) -> Operation:
+        """``IN_FLIGHT``/``UNKNOWN`` → ``COMMITTED`` or ``NOT_COMMITTED``."""
+        state = OperationState.COMMITTED if committed else OperationState.NOT_COMMITTED
+        return self._move(
+            key, None, state, _UNSETTLED, result=result if committed else None, evidence=evidence
+        )
+
+    def operations(self) -> list[Operation]:
+        """Every entry, in the order the keys were first claimed."""
+        with self._lock:
+            return list(self._entries.values())
+
+    def _move(
+        self,
+        key: str,
+        fingerprint: str | None,
+        state: OperationState,
+        allowed: frozenset[OperationState],
+        *,
+        result: Result | None = None,
+        evidence: str = "",
+    ) -> Operation:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                raise LedgerError(f"no operation {key!r}")
+            if fingerprint is not None and entry.fingerprint != fingerprint:
+                raise LedgerError(f"operation {key!r} belongs to another input")
+            if entry.state not in allowed:
+                raise LedgerError(f"operation {key!r} is {entry.state}, cannot become {state}")
+            entry = Operation(
+                key, entry.fingerprint, state, result, entry.attempts, evidence or entry.evidence
+            )
+            self._entries[key] = entry
+            return entry
+
+
+_CLAIM_STATUS = {
+    OperationState.COMMITTED: ClaimStatus.COMMITTED,
+    OperationState.IN_FLIGHT: ClaimStatus.IN_FLIGHT,
+    OperationState.UNKNOWN: ClaimStatus.UNKNOWN,
+}
+
+_FROM_IN_FLIGHT = frozenset({OperationState.IN_FLIGHT})
+# COMMITTED is final; NOT_COMMITTED only leaves through a new claim.
+_UNSETTLED = frozenset({OperationState.IN_FLIGHT, OperationState.UNKNOWN})

@@ -1,0 +1,147 @@
+"""The stop report: what was done, why the task stopped and what it takes to go on."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._ledger import Operation
+from ._values import OperationState, Reason, State, Usage
+
+__all__ = ["RESUME_CONDITIONS", "Report"]
+
+RESUME_CONDITIONS: Mapping[Reason, str] = {
+    Reason.GOAL_MET: "Nothing to resume: the goal is verified as met.",
+    Reason.GOAL_UNVERIFIED: (
+        "The model declared the task finished but the goal is not verified; check what is "
+        "missing before approving another phase."
+    ),
+    Reason.DEADLINE: "Grant more time; the work done so far is kept.",
+    Reason.MODEL_BUDGET: "Grant more model calls; the work done so far is kept.",
+    Reason.REQUEST_BUDGET: "Grant more tool requests; the work done so far is kept.",
+    Reason.EXECUTION_BUDGET: "Grant more tool executions; the work done so far is kept.",
+    Reason.TOKEN_BUDGET: "Grant more model tokens; the work done so far is kept.",
+    Reason.POLL_BUDGET: (
+        "The job is still pending after its polling budget; check the job itself before "
+        "granting more polls."
+    ),
+    Reason.SAME_CALL: (
+        "The model repeated the same call without verified progress; change the input, the "
+        "prompt or the tool before resuming."
+    ),
+    Reason.SHORT_CYCLE: (
+        "The model went round a cycle of calls without verified progress; resolve what it was "
+        "oscillating over before resuming."
+    ),
+    Reason.NO_PROGRESS: (
+        "Requests went on without the verified revision rising; find out why the work does "
+        "not advance before resuming."
+    ),
+    Reason.PLANNER_ERROR: "The planner raised an error; fix it before resuming.",
+    Reason.BAD_CALL: "The model proposed a malformed tool call; fix the planner or its tools.",
+    Reason.BAD_ARGS: "The model sent arguments JSON cannot represent; fix the planner.",
+    Reason.MISSING_OPERATION_KEY: (
+        "A write was proposed without an operation key; give the tool a stable business key."
+    ),
+    Reason.OPERATION_CONFLICT: (
+        "The operation key was already used for a different input; decide which input is "
+        "right. A new business action needs a new key and a real new intent."
+    ),
+    Reason.OPERATION_IN_FLIGHT: (
+        "Another execution of this operation is in flight; wait for it to settle or "
+        "reconcile it before resuming."
+    ),
+    Reason.UNKNOWN_COMMIT: (
+        "Check in the business system whether the uncertain operation took effect, mark it "
+        "committed or not committed with evidence, then approve resumption."
+    ),
+    Reason.EXECUTOR_ERROR: "The tool failed; fix the cause, reconciling any uncertain write.",
+    Reason.BAD_RESULT: (
+        "The tool returned a result outside the closed set of kinds; fix the adapter and "
+        "reconcile any uncertain write."
+    ),
+    Reason.INVALID_EVIDENCE: (
+        "The inspector could not verify the step; fix it and reconcile any uncertain write."
+    ),
+    Reason.FATAL: "The tool reported a permanent error; retrying will not help.",
+    Reason.PRECONDITION: "Provide the missing precondition, then approve resumption.",
+    Reason.INVALID_WAIT: "The tool asked to wait without saying how long; fix the adapter.",
+    Reason.OPERATOR_STOP: (
+        "Stopped by an operator; reconcile any uncertain write, then approve resumption."
+    ),
+}
+
+_UNSETTLED = (OperationState.UNKNOWN, OperationState.IN_FLIGHT)
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """The guard's final word on a task; the same object is returned on every later call."""
+
+    state: State
+    reason: Reason
+    model_calls: int
+    requests: int
+    executions: int
+    revision: int
+    operations: tuple[Operation, ...] = ()
+    tokens: int = 0
+    polls: int = 0
+    elapsed_ms: int = 0
+    remaining: Mapping[str, int | None] = field(default_factory=dict)
+    completed: tuple[Mapping[str, Any], ...] = ()
+    call: Mapping[str, Any] | None = None
+    """The request the stop is about, when there is one: tool, fingerprint, operation key."""
+    batch: tuple[Mapping[str, Any], ...] = ()
+    """Every call of the last model call and what became of it (ran, reused, not run…)."""
+    detail: str = ""
+
+    @property
+    def uncertain(self) -> tuple[Operation, ...]:
+        """Operations whose commit state a human must settle before the task may go on."""
+        return tuple(op for op in self.operations if op.state in _UNSETTLED)
+
+    @property
+    def resume_condition(self) -> str:
+        """What has to be true before an approver lets this task go on."""
+        if self.uncertain and self.reason is not Reason.UNKNOWN_COMMIT:
+            keys = ", ".join(op.key for op in self.uncertain)
+            return f"Reconcile {keys} first. " + RESUME_CONDITIONS[self.reason]
+        return RESUME_CONDITIONS[self.reason]
+
+    @property
+    def usage(self) -> Usage:
+        """The spent counters, to carry into the guard of the next phase."""
+        return Usage(
+            model_calls=self.model_calls,
+            requests=self.requests,
+            executions=self.executions,
+            tokens=self.tokens,
+            polls=self.polls,
+            elapsed_ms=self.elapsed_ms,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The full stop report as JSON-ready data."""
+        focus = self.uncertain[0] if self.uncertain else None
+        return {
+            "state": str(self.state),
+            "reason": str(self.reason),
+            "detail": self.detail,
+            "completed": [dict(step) for step in self.completed],
+            "operation_key": None if focus is None else focus.key,
+            "operation_state": None if focus is None else str(focus.state),
+            "operations": [op.to_dict() for op in self.operations],
+            "revision": self.revision,
+            "used": {**self.usage.to_dict()},
+            "remaining_budget": dict(self.remaining),
+            "call": None if self.call is None else dict(self.call),
+            "batch": [dict(item) for item in self.batch],
+            "resume_condition": self.resume_condition,
+        }
+
+    def to_json(self, **kwargs: Any) -> str:
+        """The full stop report as JSON text (keyword arguments go to :func:`json.dumps`)."""
+        return json.dumps(self.to_dict(), ensure_ascii=False, **kwargs)

@@ -1,0 +1,261 @@
+"""The guard's vocabulary: states, reasons, result kinds and the value types it exchanges."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+__all__ = [
+    "Call",
+    "Effect",
+    "Evidence",
+    "Finish",
+    "Kind",
+    "Limits",
+    "Nudge",
+    "OperationState",
+    "Reason",
+    "Result",
+    "Settlement",
+    "State",
+    "Usage",
+]
+
+
+class State(StrEnum):
+    """Terminal state of a task. Once reached it never changes within a guard."""
+
+    COMPLETED = "COMPLETED"
+    PARTIAL = "PARTIAL"
+    FAILED = "FAILED"
+    NEEDS_HUMAN = "NEEDS_HUMAN"
+    CANCELLED = "CANCELLED"
+
+
+class Reason(StrEnum):
+    """Why a task stopped. The words are part of the public contract."""
+
+    GOAL_MET = "goal_met"
+    GOAL_UNVERIFIED = "goal_unverified"
+    DEADLINE = "deadline"
+    MODEL_BUDGET = "model_budget"
+    REQUEST_BUDGET = "request_budget"
+    EXECUTION_BUDGET = "execution_budget"
+    TOKEN_BUDGET = "token_budget"  # noqa: S105 - a reason word, not a secret
+    POLL_BUDGET = "poll_budget"
+    SAME_CALL = "same_call"
+    SHORT_CYCLE = "short_cycle"
+    NO_PROGRESS = "no_progress"
+    PLANNER_ERROR = "planner_error"
+    BAD_CALL = "bad_call"
+    BAD_ARGS = "bad_args"
+    MISSING_OPERATION_KEY = "missing_operation_key"
+    OPERATION_CONFLICT = "operation_conflict"
+    OPERATION_IN_FLIGHT = "operation_in_flight"
+    UNKNOWN_COMMIT = "unknown_commit"
+    EXECUTOR_ERROR = "executor_error"
+    BAD_RESULT = "bad_result"
+    INVALID_EVIDENCE = "invalid_evidence"
+    FATAL = "fatal"
+    PRECONDITION = "precondition"
+    INVALID_WAIT = "invalid_wait"
+    OPERATOR_STOP = "operator_stop"
+
+
+class Kind(StrEnum):
+    """The closed set of outcomes a tool adapter may report."""
+
+    SUCCESS = "SUCCESS"
+    RETRYABLE = "RETRYABLE"
+    PENDING = "PENDING"
+    PRECONDITION = "PRECONDITION"
+    FATAL = "FATAL"
+
+
+class OperationState(StrEnum):
+    """Where one business action of a write tool stands in the ledger."""
+
+    IN_FLIGHT = "IN_FLIGHT"
+    UNKNOWN = "UNKNOWN"
+    COMMITTED = "COMMITTED"
+    NOT_COMMITTED = "NOT_COMMITTED"
+
+
+Effect = Literal["read", "write"]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Budgets for one task, cumulative across its phases.
+
+    ``same`` is how many times one call may be made without verified progress; the next
+    identical request is refused. ``stagnant`` is how many requests in a row may go by
+    without the revision rising. ``polls`` bounds the polling of one ``PENDING`` job,
+    ``tokens`` the model usage reported by the planner (``None``: unbounded) and
+    ``max_period`` the longest cycle (A→B→…→A→B→…) that is detected.
+    """
+
+    deadline_ms: int = 60_000
+    model_calls: int = 20
+    requests: int = 40
+    executions: int = 30
+    same: int = 2
+    stagnant: int = 3
+    polls: int = 10
+    tokens: int | None = None
+    max_period: int = 4
+    exempt: frozenset[str] = frozenset()
+    """Tools whose identical repetition is legitimate: not checked for repeats or cycles."""
+
+    def __post_init__(self) -> None:
+        for name in ("deadline_ms", "model_calls", "requests", "executions", "polls"):
+            _require_count(name, getattr(self, name), minimum=0)
+        _require_count("same", self.same, minimum=1)
+        _require_count("stagnant", self.stagnant, minimum=1)
+        _require_count("max_period", self.max_period, minimum=1)
+        if self.tokens is not None:
+            _require_count("tokens", self.tokens, minimum=0)
+        exempt: Any = self.exempt
+        if isinstance(exempt, str) or not all(isinstance(t, str) for t in exempt):
+            raise TypeError("Limits.exempt must be a collection of tool names")
+        object.__setattr__(self, "exempt", frozenset(self.exempt))
+
+
+def _require_count(name: str, value: object, *, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"Limits.{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"Limits.{name} must be at least {minimum}, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a task has already spent: carried into a new guard when a task resumes."""
+
+    model_calls: int = 0
+    requests: int = 0
+    executions: int = 0
+    tokens: int = 0
+    polls: int = 0
+    elapsed_ms: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        """The counters as a JSON-ready mapping."""
+        return {
+            "model_calls": self.model_calls,
+            "requests": self.requests,
+            "executions": self.executions,
+            "tokens": self.tokens,
+            "polls": self.polls,
+            "elapsed_ms": self.elapsed_ms,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One tool call proposed by the model.
+
+    A ``write`` must carry an ``operation_key`` naming the business action (for example
+    ``incident-42-first-notice``), never the model's call id.
+    """
+
+    tool: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    effect: Effect = "read"
+    operation_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The model declares the task done. Only verified evidence turns this into ``COMPLETED``."""
+
+    answer: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What a tool adapter returns for one execution.
+
+    ``wait_ms`` is required for ``RETRYABLE`` and ``PENDING``. ``attempts`` counts the
+    adapter's own internal tries; every one of them is charged to the execution budget.
+    """
+
+    kind: Kind | str
+    data: Any = None
+    wait_ms: int | None = None
+    attempts: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form; data that JSON cannot hold is shown as its ``repr``."""
+        return {
+            "kind": str(self.kind),
+            "data": _json_ready(self.data),
+            "wait_ms": self.wait_ms,
+            "attempts": self.attempts,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Result:
+        """Rebuild a result stored by :meth:`to_dict`."""
+        return cls(
+            kind=Kind(raw["kind"]),
+            data=raw.get("data"),
+            wait_ms=raw.get("wait_ms"),
+            attempts=int(raw.get("attempts", 1)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What the application verified from trusted records after a step.
+
+    ``revision`` is the business-progress counter and may only rise; ``done`` says the
+    task's goal is met; ``committed`` says whether a write took effect (``None``: unknown).
+    """
+
+    revision: int
+    done: bool
+    committed: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """What a tool's ``lookup(operation_key)`` found out about an uncertain write.
+
+    ``committed=None`` means the lookup could not tell; the operation stays ``UNKNOWN``.
+    """
+
+    committed: bool | None
+    result: Result | None = None
+    evidence: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Nudge:
+    """An observation the guard gives the model instead of running a repeated call."""
+
+    message: str
+    tool: str
+    fingerprint: str
+    reason: Reason
+
+
+def _json_ready(value: Any, depth: int = 0) -> Any:
+    """Best effort: keep what JSON can hold, show the rest as text (bounded in depth)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        if depth >= 32:
+            return "…"
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)
+        if isinstance(value, Mapping):
+            return {str(k): _json_ready(v, depth + 1) for k, v in value.items()}
+        if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+            return [_json_ready(v, depth + 1) for v in value]
+        return repr(value)
+    return value

@@ -1,0 +1,34 @@
+"""The health endpoint reports whether the console can reach PostgreSQL and Redis."""
+
+import pytest
+from django.test import Client
+from pytest_django import Settings
+
+pytestmark = pytest.mark.django_db
+
+
+def test_it_answers_200_when_database_and_redis_respond(client: Client) -> None:
+    response = client.get("/healthz")
+
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "checks": {"database": "ok", "redis": "ok"}}
+    assert "no-cache" in response["Cache-Control"]
+
+
+def test_it_answers_503_and_names_redis_when_redis_is_unreachable(
+    client: Client, settings: Settings
+) -> None:
+    # Port 1 on loopback refuses connections at once: a real failure, no mock.
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+
+    response = client.get("/healthz")
+
+    assert response.status_code == 503
+    assert response.json() == {
+        "status": "unavailable",
+        "checks": {"database": "ok", "redis": "down"},
+    }
+
+
+def test_it_refuses_anything_but_get(client: Client) -> None:
+    assert client.post("/healthz").status_code == 405
