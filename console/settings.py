@@ -48,6 +48,31 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_int(name: str, default: int) -> int:
+    """Read a whole number."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number") from None
+
+
+def env_float(name: str, default: float) -> float:
+    """Read a positive number (seconds, say)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+    if not value > 0:
+        raise ImproperlyConfigured(f"{name} must be positive")
+    return value
+
+
 def env_database(name: str, default: str) -> dict[str, object]:
     """Read a database URL (postgres://user:pass@host:port/name) into a DATABASES entry."""
     url = env_str(name, default)
@@ -90,6 +115,8 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",  # runserver serves static files the way production does
     "django.contrib.staticfiles",
     "django_htmx",
+    "console",
+    "console.desk",
 ]
 
 MIDDLEWARE = [
@@ -159,4 +186,74 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("DJANGO_LOG_LEVEL", "INFO")},
+}
+
+# -- LoopGuard ------------------------------------------------------------------------------
+
+# Agents the workers can run, by name; add your own as "name": "package.module.Class".
+LOOPGUARD_AGENTS = {
+    "support_desk": "console.agents.desk.SupportDesk",
+    "paging": "console.agents.demos.Paging",
+    "retrying_read": "console.agents.demos.RetryingRead",
+    "oscillation": "console.agents.demos.Oscillation",
+    "claimed_progress": "console.agents.demos.ClaimedProgress",
+    "repeated_write": "console.agents.demos.RepeatedWrite",
+    "lost_response": "console.agents.demos.LostResponse",
+    "key_conflict": "console.agents.demos.KeyConflict",
+    "permanent_error": "console.agents.demos.PermanentError",
+    "missing_precondition": "console.agents.demos.MissingPrecondition",
+    "slow_job": "console.agents.demos.SlowJob",
+    "budget_burner": "console.agents.demos.BudgetBurner",
+    "unknown_kind": "console.agents.demos.UnknownKind",
+    "unverified_finish": "console.agents.demos.UnverifiedFinish",
+    "long_runner": "console.agents.demos.LongRunner",
+}
+
+# Budgets every task starts from; an agent's defaults and the starter's values override them.
+LOOPGUARD_DEFAULT_LIMITS = {
+    "deadline_ms": 600_000,
+    "model_calls": 50,
+    "requests": 100,
+    "executions": 60,
+    "same": 2,
+    "stagnant": 5,
+    "polls": 20,
+}
+# Extra argument or field names whose values are never stored (besides passwords, tokens,
+# API keys, authorization headers and cookies, which are always redacted).
+LOOPGUARD_REDACT_FIELDS = env_list("LOOPGUARD_REDACT_FIELDS", [])
+# A driver's lease on its task; renewed every third of it while the driver is alive.
+LOOPGUARD_LEASE_SECONDS = env_float("LOOPGUARD_LEASE_SECONDS", 30.0)
+# How often Celery beat looks for tasks whose driver's lease expired.
+LOOPGUARD_SWEEP_SECONDS = env_float("LOOPGUARD_SWEEP_SECONDS", 10.0)
+LOOPGUARD_REQUEUE_AFTER_SECONDS = env_float("LOOPGUARD_REQUEUE_AFTER_SECONDS", 120.0)
+LOOPGUARD_MAX_RECOVERIES = env_int("LOOPGUARD_MAX_RECOVERIES", 3)
+# The same agent and input started more than this many times inside the window is held.
+LOOPGUARD_RESTART_LIMIT = env_int("LOOPGUARD_RESTART_LIMIT", 3)
+LOOPGUARD_RESTART_WINDOW_SECONDS = env_int("LOOPGUARD_RESTART_WINDOW_SECONDS", 600)
+
+# -- Celery ---------------------------------------------------------------------------------
+# Why these values: a task message only carries a task id, and the runner's lease makes a
+# second delivery harmless (it finds the lease held or the task finished). So we acknowledge
+# late (after the run), re-queue the message when a worker process dies, and fetch one
+# message at a time so that a long agent run never sits on messages another worker could
+# take. The Redis visibility timeout bounds how long an unacknowledged message waits before
+# redelivery; the beat sweep recovers crashed runs on its own much sooner, so the timeout
+# only needs to exceed the longest task we expect to run in one go.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600),
+}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "loopguard")
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE = {
+    "recover-expired-leases": {
+        "task": "console.tasks.sweep",
+        "schedule": LOOPGUARD_SWEEP_SECONDS,
+    },
 }

@@ -14,6 +14,7 @@ from ._ledger import ClaimStatus, InMemoryLedger, Ledger, Operation
 from ._report import Report
 from ._values import (
     Call,
+    Effect,
     Evidence,
     Finish,
     Kind,
@@ -119,6 +120,13 @@ class Guard:
         pause = guard.before_wait()                    # milliseconds to wait, or Report
 
     Once it has stopped it stays stopped: every method returns the same :class:`Report`.
+
+    ``now``/``wait`` are the clock (ms) and the way to wait for ``RETRYABLE``/``PENDING``;
+    ``ledger`` holds the operations (share one between tasks); ``revision`` and ``used``
+    carry a task's verified progress and spent budget into a new phase; ``cancel`` is an
+    event (``is_set()``) or callable checked before every model call, execution and wait;
+    ``nudge`` turns the first repeat or cycle into a :class:`Nudge` for the model; ``tools``
+    (name → ``"read"``/``"write"``) makes unknown tools and wrong effects a ``bad_call``.
     """
 
     def __init__(
@@ -132,6 +140,7 @@ class Guard:
         used: Usage | None = None,
         cancel: Cancel | None = None,
         nudge: bool = False,
+        tools: Mapping[str, Effect] | None = None,
     ) -> None:
         self.limits = limits if limits is not None else Limits()
         self.ledger: Ledger = ledger if ledger is not None else InMemoryLedger()
@@ -139,6 +148,7 @@ class Guard:
         self._wait = wait
         self._cancel = cancel
         self._nudge = nudge
+        self._tools = None if tools is None else dict(tools)
         used = used if used is not None else Usage()
         self.model_calls = used.model_calls
         self.requests = used.requests
@@ -279,7 +289,7 @@ class Guard:
             try:
                 proposal = plan(observation)
             except Exception as exc:
-                return self._stop(State.FAILED, Reason.PLANNER_ERROR, detail=_describe(exc))
+                return self.planner_failed(exc)
             if isinstance(proposal, Finish):
                 return self.finish(proposal, inspect)
             admitted = self.before_tools(proposal)
@@ -356,13 +366,14 @@ class Guard:
         if self._report is not None:
             return self._report
         self._expect_proposal()
-        calls = _as_calls(proposal)
+        calls = _as_calls(proposal, self._tools)
         if isinstance(calls, str):
             return self._stop(State.FAILED, Reason.BAD_CALL, detail=calls)
         limits = self.limits
         tickets: list[Ticket] = []
         recent = list(self._recent)
         repeats: dict[str, int] = {}
+        polls: dict[str, int] = {}
         keys: dict[str, str] = {}
         executions = self.executions
         for index, call in enumerate(calls):
@@ -394,19 +405,21 @@ class Guard:
                             return blocked
                         reuse = blocked
             poll = fp in self._pending
-            if call.tool not in limits.exempt:
-                if poll:
-                    if self._pending[fp] >= limits.polls:
-                        return self._stop(State.PARTIAL, Reason.POLL_BUDGET, call=call, fp=fp)
-                else:
-                    seen = self._repeats.get(fp, 0) + repeats.get(fp, 0)
-                    if seen >= limits.same:
-                        return self._detected(Reason.SAME_CALL, call, fp, seen, [])
-                    cycle = _cycle(recent, fp, limits.max_period)
-                    if cycle:
-                        return self._detected(Reason.SHORT_CYCLE, call, fp, 2, cycle)
-                    repeats[fp] = repeats.get(fp, 0) + 1
-                    recent.append(fp)
+            if poll:
+                # Polling a PENDING job is bounded by its own budget, exempt tool or not.
+                polled = self._pending[fp] + polls.get(fp, 0)
+                if polled >= limits.polls:
+                    return self._stop(State.PARTIAL, Reason.POLL_BUDGET, call=call, fp=fp)
+                polls[fp] = polls.get(fp, 0) + 1
+            elif call.tool not in limits.exempt:
+                seen = self._repeats.get(fp, 0) + repeats.get(fp, 0)
+                if seen >= limits.same:
+                    return self._detected(Reason.SAME_CALL, call, fp, seen, [])
+                cycle = _cycle(recent, fp, limits.max_period)
+                if cycle:
+                    return self._detected(Reason.SHORT_CYCLE, call, fp, 2, cycle)
+                repeats[fp] = repeats.get(fp, 0) + 1
+                recent.append(fp)
             if not reuse:
                 if executions >= limits.executions:
                     return self._stop(State.PARTIAL, Reason.EXECUTION_BUDGET, call=call, fp=fp)
@@ -444,6 +457,10 @@ class Guard:
                     return self._reuse(ticket, entry)
                 claim = self.ledger.claim(key, fp)
             except Exception as exc:
+                if self._cancel_requested():
+                    # A ledger may refuse the claim because the stop was recorded in the
+                    # same transaction: that is a cancellation, and nothing was claimed.
+                    return self._refuse(ticket, State.CANCELLED, Reason.OPERATOR_STOP)
                 return self._refuse(
                     ticket, State.FAILED, Reason.EXECUTOR_ERROR, detail=f"ledger: {exc!r}"
                 )
@@ -498,6 +515,13 @@ class Guard:
         self.executions += result.attempts - 1  # the adapter's own retries are executions too
         return self._verified(ticket, result, inspect, committed=None, lookup=lookup)
 
+    def planner_failed(self, error: BaseException) -> Report:
+        """The model call raised instead of proposing: stop ``FAILED/planner_error``."""
+        if self._report is not None:
+            return self._report
+        self._planning = False
+        return self._stop(State.FAILED, Reason.PLANNER_ERROR, detail=_describe(error))
+
     def before_wait(self) -> float | Report:
         """Milliseconds to wait before the next model call (0: none), or the stop report."""
         if self._report is not None:
@@ -507,9 +531,9 @@ class Guard:
             return 0
         if self._cancel_requested():
             return self._stop(State.CANCELLED, Reason.OPERATOR_STOP)
-        if self._now() + pause >= self._deadline:
+        if pause >= self._deadline - self._now():  # compared, not added: pause may be huge
             return self._stop(
-                State.PARTIAL, Reason.DEADLINE, detail=f"waiting {pause:g} ms would cross it"
+                State.PARTIAL, Reason.DEADLINE, detail=f"waiting {pause} ms would cross it"
             )
         return pause
 
@@ -586,13 +610,8 @@ class Guard:
         if self._stagnant >= self.limits.stagnant:
             return self._stop(State.PARTIAL, Reason.NO_PROGRESS, ticket)
         if result.kind in _WAITING:
-            wait_ms = result.wait_ms
-            if (
-                not isinstance(wait_ms, int | float)
-                or isinstance(wait_ms, bool)
-                or not math.isfinite(wait_ms)
-                or wait_ms <= 0
-            ):
+            wait_ms: Any = result.wait_ms
+            if not _positive_ms(wait_ms):
                 return self._stop(
                     State.FAILED, Reason.INVALID_WAIT, ticket, f"wait_ms={wait_ms!r}"
                 )
@@ -829,8 +848,12 @@ def _reusable(entry: Operation, fp: str) -> bool:
     return entry.state is OperationState.COMMITTED and entry.fingerprint == fp
 
 
-def _as_calls(proposal: Any) -> list[Call] | str:
-    """The proposal as a list of well-formed calls, or what is wrong with it."""
+def _as_calls(proposal: Any, tools: Mapping[str, Effect] | None) -> list[Call] | str:
+    """The proposal as a list of well-formed calls, or what is wrong with it.
+
+    With ``tools`` (name → effect), a call must name a known tool with its real effect: the
+    effect of a tool is the application's fact, not the model's claim.
+    """
     calls: list[Any]
     if isinstance(proposal, Call):
         calls = [proposal]
@@ -856,6 +879,11 @@ def _as_calls(proposal: Any) -> list[Call] | str:
             return f"effect {effect!r} of {tool} is neither 'read' nor 'write'"
         if key is not None and not isinstance(key, str):
             return f"operation_key {key!r} of {tool} is not a string"
+        if tools is not None:
+            if tool not in tools:
+                return f"there is no tool named {tool!r}"
+            if tools[tool] != effect:
+                return f"{tool} is a {tools[tool]} tool, not a {effect}"
     return calls
 
 
@@ -893,12 +921,28 @@ def _result_problem(result: Any) -> str | None:
         return "the tool returned no result"
     if not isinstance(result, Result):
         return f"the tool returned {type(result).__name__}, not Result"
-    if result.kind not in _KINDS:
-        return f"unknown result kind {result.kind!r}"
+    kind: Any = result.kind
+    if not isinstance(kind, str) or kind not in _KINDS:
+        return f"unknown result kind {_safe_repr(kind)}"
     attempts = result.attempts
     if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
         return f"attempts {attempts!r} is not a positive int"
     return None
+
+
+def _positive_ms(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value > 0  # no float conversion: an int may be larger than any float
+    return isinstance(value, float) and math.isfinite(value) and value > 0
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)[:200]
+    except Exception:
+        return f"<{type(value).__name__}>"
 
 
 def _look_up(lookup: Lookup, key: str) -> Settlement | None:
@@ -914,8 +958,11 @@ def _look_up(lookup: Lookup, key: str) -> Settlement | None:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
     name = type(exc).__name__
+    try:
+        text = str(exc)
+    except Exception:  # an exception that cannot describe itself still stops the task
+        text = ""
     return f"{name}: {text[:500]}" if text else name
 
 

@@ -1,0 +1,316 @@
+"""What the console stores: tasks, phases, trace events, operations, stop reports, audit.
+
+Everything here is history and is only ever added to: trace events, operation transitions,
+stop reports and audit entries are append-only (a database trigger refuses UPDATE and
+DELETE on them, see migration 0002). Tasks and operations change state only through
+``console.services`` and ``console.runner``, as conditional updates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from guard import OperationState as GuardOperationState
+from guard import Reason as GuardReason
+from guard import State as GuardState
+
+RESTART_LOOP = "restart_loop"
+
+
+class TaskState(models.TextChoices):
+    QUEUED = "QUEUED", "queued"
+    RUNNING = "RUNNING", "running"
+    COMPLETED = GuardState.COMPLETED.value, "completed"
+    PARTIAL = GuardState.PARTIAL.value, "partial"
+    FAILED = GuardState.FAILED.value, "failed"
+    NEEDS_HUMAN = GuardState.NEEDS_HUMAN.value, "needs human"
+    CANCELLED = GuardState.CANCELLED.value, "cancelled"
+
+
+TERMINAL_STATES = frozenset(s.value for s in GuardState)
+ACTIVE_STATES = frozenset({TaskState.QUEUED.value, TaskState.RUNNING.value})
+STOP_REASONS = (*(r.value for r in GuardReason), RESTART_LOOP)
+
+
+class OperationState(models.TextChoices):
+    IN_FLIGHT = GuardOperationState.IN_FLIGHT.value, "in flight"
+    UNKNOWN = GuardOperationState.UNKNOWN.value, "unknown"
+    COMMITTED = GuardOperationState.COMMITTED.value, "committed"
+    NOT_COMMITTED = GuardOperationState.NOT_COMMITTED.value, "not committed"
+
+
+def _in(field: str, values: Any) -> Q:
+    return Q(**{f"{field}__in": sorted(values)})  # sorted: stable migrations
+
+
+class Task(models.Model):
+    """One user goal given to one agent, with its budgets, spent counters and lease."""
+
+    agent = models.CharField(max_length=100)
+    input = models.JSONField(default=dict, blank=True)
+    input_fingerprint = models.CharField(max_length=64)
+    state = models.CharField(max_length=20, choices=TaskState, default=TaskState.QUEUED)
+    reason = models.CharField(max_length=40, blank=True)
+    detail = models.TextField(blank=True)
+    limits = models.JSONField(default=dict)
+
+    # Spent so far, cumulative across phases, restarts and redeliveries.
+    model_calls = models.PositiveIntegerField(default=0)
+    requests = models.PositiveIntegerField(default=0)
+    executions = models.PositiveIntegerField(default=0)
+    tokens = models.PositiveBigIntegerField(default=0)
+    polls = models.PositiveIntegerField(default=0)
+    elapsed_ms = models.PositiveBigIntegerField(default=0)
+    revision = models.BigIntegerField(default=0)
+
+    phase = models.PositiveIntegerField(default=1)
+    checkpoint = models.JSONField(null=True, blank=True)
+    next_seq = models.PositiveBigIntegerField(default=1)
+    recoveries = models.PositiveIntegerField(default=0)
+
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    stop_requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    stop_note = models.TextField(blank=True)
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=_in("state", TaskState.values), name="task_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(reason="") | _in("reason", STOP_REASONS), name="task_reason_valid"
+            ),
+            # A terminal task has a reason; a queued or running one has none.
+            models.CheckConstraint(
+                condition=(_in("state", ACTIVE_STATES) & Q(reason=""))
+                | (_in("state", TERMINAL_STATES) & ~Q(reason="")),
+                name="task_reason_matches_state",
+            ),
+        ]
+        indexes = [
+            # Task list, newest first, optionally by state.
+            models.Index(fields=["-created_at"], name="task_created"),
+            models.Index(fields=["state", "-created_at"], name="task_state_created"),
+            models.Index(fields=["agent", "-created_at"], name="task_agent_created"),
+            # Dashboard "needs a human now", oldest first.
+            models.Index(
+                fields=["updated_at"], condition=Q(state="NEEDS_HUMAN"), name="task_needs_human"
+            ),
+            # Recovery sweep: running tasks whose lease ran out.
+            models.Index(
+                fields=["lease_expires_at"], condition=Q(state="RUNNING"), name="task_running_lease"
+            ),
+            # Restart-loop detection: the same agent and input inside a window.
+            models.Index(fields=["agent", "input_fingerprint", "created_at"], name="task_restarts"),
+        ]
+
+    def __str__(self) -> str:
+        return f"task {self.pk} ({self.agent}, {self.state})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class Phase(models.Model):
+    """One stretch of execution: the first start, then each approved resumption."""
+
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="phases")
+    number = models.PositiveIntegerField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    state = models.CharField(max_length=20, blank=True)
+    reason = models.CharField(max_length=40, blank=True)
+    approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    approval_note = models.TextField(blank=True)
+    grant = models.JSONField(default=dict, blank=True)
+    usage_at_start = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "number"], name="phase_number_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"phase {self.number} of task {self.task_id}"
+
+
+class EventKind(models.TextChoices):
+    MODEL_CALL = "model_call", "model call"
+    REQUEST = "request", "tool request"
+    WAIT = "wait", "wait"
+    STOP = "stop", "stop"
+    NOTE = "note", "note"
+
+
+class Decision(models.TextChoices):
+    PLANNED = "planned", "planned"
+    FINISHED = "finished", "finished"
+    EXECUTED = "executed", "executed"
+    REUSED = "reused", "reused"
+    BLOCKED = "blocked", "blocked"
+    NUDGED = "nudged", "nudged"
+    NOT_RUN = "not_run", "not run"
+
+
+class TraceEvent(models.Model):
+    """One model call or tool request of a task, in order (``seq``), redacted."""
+
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="events")
+    phase = models.PositiveIntegerField()
+    seq = models.PositiveBigIntegerField()
+    at = models.DateTimeField(default=timezone.now)
+    kind = models.CharField(max_length=20, choices=EventKind)
+    decision = models.CharField(max_length=20, choices=Decision, blank=True)
+    reason = models.CharField(max_length=40, blank=True)
+    tool = models.CharField(max_length=200, blank=True)
+    fingerprint = models.CharField(max_length=64, blank=True)
+    args_preview = models.TextField(blank=True)
+    result_kind = models.CharField(max_length=20, blank=True)
+    result_preview = models.TextField(blank=True)
+    revision = models.BigIntegerField(null=True, blank=True)
+    operation_key = models.CharField(max_length=200, blank=True)
+    latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    tokens = models.PositiveIntegerField(null=True, blank=True)
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [
+            # Also the index for "the trace of a task, in order" and "events after seq N".
+            models.UniqueConstraint(fields=["task", "seq"], name="trace_task_seq"),
+            models.CheckConstraint(
+                condition=_in("kind", EventKind.values), name="trace_kind_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"task {self.task_id} #{self.seq} {self.kind} {self.tool}".rstrip()
+
+
+class Operation(models.Model):
+    """A ledger entry: one business action of a write tool, keyed by its operation key."""
+
+    key = models.CharField(max_length=200, unique=True)
+    fingerprint = models.CharField(max_length=64)
+    state = models.CharField(max_length=20, choices=OperationState)
+    tool = models.CharField(max_length=200)
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="operations")
+    args_preview = models.TextField(blank=True)
+    result = models.JSONField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=1)
+    evidence = models.TextField(blank=True)
+    claimed_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=_in("state", OperationState.values), name="operation_state_valid"
+            ),
+        ]
+        indexes = [
+            # Reconciliation queue: uncertain operations, oldest first.
+            models.Index(
+                fields=["updated_at"],
+                condition=Q(state__in=["UNKNOWN", "IN_FLIGHT"]),
+                name="operation_unsettled",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.state})"
+
+
+class OperationEvent(models.Model):
+    """One state transition of an operation, with who or what caused it (append-only)."""
+
+    operation = models.ForeignKey(Operation, on_delete=models.PROTECT, related_name="history")
+    at = models.DateTimeField(default=timezone.now)
+    from_state = models.CharField(max_length=20, blank=True)
+    to_state = models.CharField(max_length=20)
+    task = models.ForeignKey(Task, null=True, on_delete=models.PROTECT, related_name="+")
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    evidence = models.TextField(blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.operation_id}: {self.from_state or '-'} → {self.to_state}"
+
+
+class StopReport(models.Model):
+    """The guard's stop report at the end of a phase (append-only)."""
+
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="stop_reports")
+    phase = models.PositiveIntegerField()
+    at = models.DateTimeField(default=timezone.now)
+    state = models.CharField(max_length=20)
+    reason = models.CharField(max_length=40)
+    report = models.JSONField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "phase"], name="stop_report_per_phase"),
+        ]
+
+    def __str__(self) -> str:
+        return f"task {self.task_id} phase {self.phase}: {self.state}/{self.reason}"
+
+
+class AuditAction(models.TextChoices):
+    START = "start", "start task"
+    STOP = "stop", "stop task"
+    MARK_COMMITTED = "mark_committed", "mark committed"
+    MARK_NOT_COMMITTED = "mark_not_committed", "mark not committed"
+    APPROVE_RESUMPTION = "approve_resumption", "approve resumption"
+    LOOKUP = "lookup", "run lookup"
+
+
+class AuditEntry(models.Model):
+    """A human action: who, when, what, why, before → after (append-only)."""
+
+    at = models.DateTimeField(default=timezone.now)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    action = models.CharField(max_length=40, choices=AuditAction)
+    task = models.ForeignKey(
+        Task, null=True, blank=True, on_delete=models.PROTECT, related_name="audit"
+    )
+    operation = models.ForeignKey(
+        Operation, null=True, blank=True, on_delete=models.PROTECT, related_name="audit"
+    )
+    reason = models.TextField()
+    before = models.JSONField(default=dict, blank=True)
+    after = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=~Q(reason=""), name="audit_reason_required"),
+        ]
+        indexes = [
+            models.Index(fields=["-at"], name="audit_at"),
+            models.Index(fields=["task", "-at"], name="audit_task_at"),
+            models.Index(fields=["actor", "-at"], name="audit_actor_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_id} {self.action}"

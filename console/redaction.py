@@ -1,0 +1,92 @@
+"""Secrets stay out: what is stored of arguments and results is redacted first.
+
+Keys that name a secret (authorization headers, API keys, passwords, tokens, and the
+field names configured in ``LOOPGUARD_REDACT_FIELDS``) have their values replaced, and
+strings that look like credentials (bearer tokens, ``sk-``/``ghp_``-style keys, JWTs) are
+masked wherever they appear. Previews are bounded so a huge payload cannot bloat a trace.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from django.conf import settings
+
+REDACTED = "[redacted]"
+PREVIEW_CHARS = 2_000
+_MAX_DEPTH = 20
+
+# Compared with the key lower-cased and without separators: "X-Api-Key" -> "xapikey".
+_SECRET_NAMES = frozenset({"auth", "pass", "pwd", "session", "sessionid", "cookie", "otp", "pin"})
+_SECRET_ENDINGS = (
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "apikey",
+    "authorization",
+    "cookie",
+    "credential",
+    "credentials",
+    "privatekey",
+    "accesskey",
+    "signature",
+)
+_SEPARATORS = re.compile(r"[-_.\s]")
+_SECRET_TEXT = re.compile(
+    r"(?i:bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"
+    r"|\b(?:sk|pk|rk|ghp|gho|xox[abpr]|AKIA)[-_A-Za-z0-9]{12,}"
+    r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
+)
+
+
+def _extra_fields() -> frozenset[str]:
+    fields: Iterable[str] = getattr(settings, "LOOPGUARD_REDACT_FIELDS", ())
+    return frozenset(name.lower() for name in fields)
+
+
+def redact(value: Any) -> Any:
+    """A copy of ``value`` (JSON-like data) with secrets replaced by ``[redacted]``."""
+    return _redact(value, _extra_fields(), 0)
+
+
+def _is_secret(name: str, extra: frozenset[str]) -> bool:
+    compact = _SEPARATORS.sub("", name.lower())
+    return (
+        compact in _SECRET_NAMES
+        or compact.endswith(_SECRET_ENDINGS)
+        or name.lower() in extra
+        or compact in extra
+    )
+
+
+def _redact(value: Any, extra: frozenset[str], depth: int) -> Any:
+    if depth > _MAX_DEPTH:
+        return "…"
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            name = str(key)
+            if _is_secret(name, extra):
+                out[name] = REDACTED
+            else:
+                out[name] = _redact(item, extra, depth + 1)
+        return out
+    if isinstance(value, list | tuple):
+        return [_redact(item, extra, depth + 1) for item in value]
+    if isinstance(value, str):
+        return _SECRET_TEXT.sub(REDACTED, value)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return _SECRET_TEXT.sub(REDACTED, repr(value))
+
+
+def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
+    """Redacted, compact JSON text of ``value``, cut to ``limit`` characters."""
+    text = json.dumps(redact(value), ensure_ascii=False, default=repr, separators=(", ", ": "))
+    if len(text) > limit:
+        return text[: limit - 1] + "…"
+    return text

@@ -1,0 +1,679 @@
+"""The runner: drives the guard step by step for one task, persisting every step.
+
+One driver per task, guaranteed by a lease (owner, expiry, heartbeat) taken with a
+conditional update: a redelivered Celery message, a duplicate enqueue or a second worker
+finds the lease held, or the task finished, and does nothing. Every step is saved
+(trace events, counters, checkpoint) before the next one starts, so a crash loses at most
+the step in progress, and the recovery sweep turns that step's in-flight write, if any,
+into ``UNKNOWN`` instead of running it again.
+
+Tool and model I/O never happen inside a database transaction; the transactions here
+are short and only record what happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from guard import (
+    Action,
+    Finish,
+    Guard,
+    Limits,
+    Nudge,
+    Reason,
+    Report,
+    Result,
+    State,
+    Ticket,
+    Usage,
+)
+
+from .agents import Agent, Tool, agent_class
+from .ledger import DatabaseLedger, LeaseLost, entry_of
+from .models import (
+    Decision,
+    EventKind,
+    Operation,
+    OperationEvent,
+    OperationState,
+    Phase,
+    StopReport,
+    Task,
+    TaskState,
+    TraceEvent,
+)
+from .redaction import preview
+
+logger = logging.getLogger(__name__)
+
+STOP_POLL_S = 0.2  # how often a waiting driver looks for a stop: well under a second
+
+
+def lease_seconds() -> float:
+    return float(settings.LOOPGUARD_LEASE_SECONDS)
+
+
+def new_owner() -> str:
+    """A lease owner name that says where the driver runs."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def limits_of(task: Task) -> Limits:
+    """The task's cumulative limits as the guard's value."""
+    raw = dict(task.limits)
+    raw["exempt"] = frozenset(raw.get("exempt", ()))
+    return Limits(**raw)
+
+
+def usage_of(task: Task) -> Usage:
+    return Usage(
+        model_calls=task.model_calls,
+        requests=task.requests,
+        executions=task.executions,
+        tokens=task.tokens,
+        polls=task.polls,
+        elapsed_ms=task.elapsed_ms,
+    )
+
+
+def _counters(usage: Usage, revision: int) -> dict[str, int]:
+    return {**usage.to_dict(), "revision": revision}
+
+
+# -- finishing a task ------------------------------------------------------------------------
+
+
+def report_from_task(task: Task, state: str, reason: str, detail: str = "") -> Report:
+    """A stop report for a task stopped outside the guard (before it ran, or by recovery)."""
+    limits = limits_of(task)
+    operations = tuple(entry_of(op) for op in task.operations.order_by("claimed_at", "id"))
+    remaining = {
+        "model_calls": max(0, limits.model_calls - task.model_calls),
+        "requests": max(0, limits.requests - task.requests),
+        "executions": max(0, limits.executions - task.executions),
+        "tokens": None if limits.tokens is None else max(0, limits.tokens - task.tokens),
+        "deadline_ms": max(0, limits.deadline_ms - task.elapsed_ms),
+    }
+    return Report(
+        state=State(state),
+        reason=Reason(reason) if reason in Reason else Reason.OPERATOR_STOP,
+        model_calls=task.model_calls,
+        requests=task.requests,
+        executions=task.executions,
+        revision=task.revision,
+        operations=operations,
+        tokens=task.tokens,
+        polls=task.polls,
+        elapsed_ms=task.elapsed_ms,
+        remaining=remaining,
+        detail=detail,
+    )
+
+
+def finish_task(
+    task: Task,
+    state: str,
+    reason: str,
+    report: dict[str, Any],
+    *,
+    detail: str = "",
+    counters: Mapping[str, int] | None = None,
+    checkpoint: Any = None,
+) -> None:
+    """Record a terminal state with its stop report. Call inside a transaction holding
+    the task row; the caller has checked that the task may make this transition."""
+    now = timezone.now()
+    fields: dict[str, Any] = {
+        "state": state,
+        "reason": reason,
+        "detail": detail[:2000],
+        "finished_at": now,
+        "updated_at": now,
+        "lease_owner": "",
+        "lease_expires_at": None,
+        **(counters or {}),
+    }
+    if checkpoint is not None:
+        fields["checkpoint"] = checkpoint
+    Task.objects.filter(id=task.id).update(**fields)
+    Phase.objects.filter(task_id=task.id, number=task.phase).update(
+        ended_at=now, state=state, reason=reason
+    )
+    StopReport.objects.create(
+        task_id=task.id, phase=task.phase, state=state, reason=reason, report=report
+    )
+    seq = _take_seq(task.id, 1)
+    TraceEvent.objects.create(
+        task_id=task.id,
+        phase=task.phase,
+        seq=seq,
+        kind=EventKind.STOP,
+        decision="",
+        reason=reason,
+        detail=f"{state}/{reason}" + (f": {detail}" if detail else ""),
+    )
+    logger.info("task %s stopped %s/%s %s", task.id, state, reason, detail)
+
+
+def _take_seq(task_id: int, count: int) -> int:
+    """Reserve ``count`` trace sequence numbers; returns the first. Inside a transaction."""
+    Task.objects.filter(id=task_id).update(next_seq=F("next_seq") + count)
+    last = Task.objects.filter(id=task_id).values_list("next_seq", flat=True).get()
+    return int(last) - count
+
+
+def recover(task: Task, *, why: str) -> bool:
+    """A driver of ``task`` is gone. Settle what it left behind; True if the task may go on.
+
+    Its ``IN_FLIGHT`` operations become ``UNKNOWN``: they may or may not have happened and
+    are never run again. Call inside a transaction holding the task row.
+    """
+    stranded = list(
+        Operation.objects.select_for_update()
+        .filter(task_id=task.id, state=OperationState.IN_FLIGHT)
+        .order_by("id")
+    )
+    now = timezone.now()
+    for op in stranded:
+        Operation.objects.filter(id=op.id).update(state=OperationState.UNKNOWN, updated_at=now)
+        OperationEvent.objects.create(
+            operation=op,
+            from_state=OperationState.IN_FLIGHT,
+            to_state=OperationState.UNKNOWN,
+            task_id=task.id,
+            evidence=f"recovery: {why}",
+        )
+    task.recoveries += 1
+    Task.objects.filter(id=task.id).update(recoveries=F("recoveries") + 1)
+    logger.warning("task %s recovered (%s): %d write(s) now UNKNOWN", task.id, why, len(stranded))
+    if stranded:
+        keys = ", ".join(op.key for op in stranded)
+        detail = f"{why}; in flight when it stopped: {keys}"
+        report = report_from_task(task, State.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT, detail)
+        finish_task(task, State.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT, report.to_dict(), detail=detail)
+        return False
+    if task.stop_requested_at is not None:
+        report = report_from_task(task, State.CANCELLED, Reason.OPERATOR_STOP, why)
+        finish_task(task, State.CANCELLED, Reason.OPERATOR_STOP, report.to_dict(), detail=why)
+        return False
+    if task.recoveries > settings.LOOPGUARD_MAX_RECOVERIES:
+        detail = f"{why}; the driver was lost {task.recoveries} times"
+        report = report_from_task(task, State.FAILED, Reason.EXECUTOR_ERROR, detail)
+        finish_task(task, State.FAILED, Reason.EXECUTOR_ERROR, report.to_dict(), detail=detail)
+        return False
+    return True
+
+
+def sweep(enqueue: Callable[[int], None]) -> dict[str, int]:
+    """Recover tasks whose driver's lease ran out; re-enqueue queued tasks nobody took.
+
+    Run periodically (Celery beat). Safe to run on several machines at once: each task is
+    handled under its row lock, skipping rows another sweep or driver holds.
+    """
+    now = timezone.now()
+    counts = {"recovered": 0, "resumed": 0, "requeued": 0}
+    expired = Task.objects.filter(state=TaskState.RUNNING, lease_expires_at__lt=now)
+    for task_id in expired.values_list("id", flat=True)[:500]:
+        with transaction.atomic():
+            task = (
+                Task.objects.select_for_update(skip_locked=True)
+                .filter(id=task_id, state=TaskState.RUNNING, lease_expires_at__lt=timezone.now())
+                .first()
+            )
+            if task is None:
+                continue
+            counts["recovered"] += 1
+            if recover(task, why="lease expired"):
+                Task.objects.filter(id=task.id).update(
+                    state=TaskState.QUEUED, lease_owner="", lease_expires_at=None, updated_at=now
+                )
+                transaction.on_commit(lambda tid=task.id: enqueue(tid))
+                counts["resumed"] += 1
+    # A queued task whose message was lost (a broker restart) is enqueued again; a
+    # duplicate message is harmless, the lease lets only one driver in.
+    stale = now - timedelta(seconds=settings.LOOPGUARD_REQUEUE_AFTER_SECONDS)
+    queued = Task.objects.filter(state=TaskState.QUEUED, updated_at__lt=stale)
+    for task_id in queued.values_list("id", flat=True)[:500]:
+        Task.objects.filter(id=task_id, state=TaskState.QUEUED).update(updated_at=now)
+        enqueue(task_id)
+        counts["requeued"] += 1
+    return counts
+
+
+# -- the driver ------------------------------------------------------------------------------
+
+
+def drive(task_id: int, *, owner: str | None = None) -> str:
+    """Drive one task until the guard stops it, or return at once if it is not ours to drive.
+
+    Returns a short description of what happened, for the worker's log.
+    """
+    owner = owner or new_owner()
+    acquired = _acquire(task_id, owner)
+    if isinstance(acquired, str):
+        logger.info("task %s: %s", task_id, acquired)
+        return acquired
+    heartbeat = _Heartbeat(task_id, owner)
+    heartbeat.start()
+    try:
+        return _Driver(acquired, owner, heartbeat).drive()
+    except LeaseLost as exc:
+        logger.warning("task %s: lease lost, leaving it to its new driver (%s)", task_id, exc)
+        return f"lease lost: {exc}"
+    finally:
+        heartbeat.halt()
+
+
+def _acquire(task_id: int, owner: str) -> Task | str:
+    """Take the task's lease, or say why not. Settles a previous driver's leftovers first."""
+    with transaction.atomic():
+        task = Task.objects.select_for_update().filter(id=task_id).first()
+        if task is None:
+            return "no such task"
+        if task.state not in (TaskState.QUEUED, TaskState.RUNNING):
+            return f"nothing to do: the task is {task.state}"
+        now = timezone.now()
+        if task.lease_owner and task.lease_expires_at and task.lease_expires_at > now:
+            return f"lease held by {task.lease_owner}"
+        if task.state == TaskState.RUNNING and not recover(task, why="driver lost"):
+            return "recovered: the task stopped"
+        if task.stop_requested_at is not None:
+            report = report_from_task(task, State.CANCELLED, Reason.OPERATOR_STOP)
+            finish_task(task, State.CANCELLED, Reason.OPERATOR_STOP, report.to_dict())
+            return "stopped before it ran"
+        task.state = TaskState.RUNNING
+        task.lease_owner = owner
+        task.lease_expires_at = now + timedelta(seconds=lease_seconds())
+        task.updated_at = now
+        task.save(update_fields=["state", "lease_owner", "lease_expires_at", "updated_at"])
+        Phase.objects.filter(task_id=task.id, number=task.phase, started_at=None).update(
+            started_at=now
+        )
+    return task
+
+
+class _Heartbeat(threading.Thread):
+    """Keeps the lease alive while the driver works; notices when it is lost."""
+
+    def __init__(self, task_id: int, owner: str) -> None:
+        super().__init__(name=f"lease-{task_id}", daemon=True)
+        self.task_id = task_id
+        self.owner = owner
+        self.lost = False
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        interval = lease_seconds() / 3
+        deadline = time.monotonic() + lease_seconds()
+        try:
+            while not self._halt.wait(interval):
+                try:
+                    renewed = Task.objects.filter(
+                        id=self.task_id, lease_owner=self.owner, state=TaskState.RUNNING
+                    ).update(lease_expires_at=timezone.now() + timedelta(seconds=lease_seconds()))
+                except DatabaseError:
+                    close_old_connections()
+                    if time.monotonic() > deadline:  # it has expired by now
+                        self.lost = True
+                        return
+                    continue
+                if renewed != 1:
+                    self.lost = True
+                    return
+                deadline = time.monotonic() + lease_seconds()
+        finally:
+            connection.close()
+
+    def halt(self) -> None:
+        self._halt.set()
+        self.join(timeout=5)
+
+
+class _Driver:
+    """One stretch of one task: rebuilds the guard and agent, then loops over steps."""
+
+    def __init__(self, task: Task, owner: str, heartbeat: _Heartbeat) -> None:
+        self.task = task
+        self.owner = owner
+        self.heartbeat = heartbeat
+        checkpoint = task.checkpoint if isinstance(task.checkpoint, dict) else {}
+        same_phase = checkpoint.get("phase") == task.phase
+        self.agent: Agent = agent_class(task.agent)(
+            task.id, task.input, dict(checkpoint.get("agent") or {})
+        )
+        self.tools: dict[str, Tool] = {tool.name: tool for tool in self.agent.tools()}
+        self.ledger = DatabaseLedger(task_id=task.id, owner=owner)
+        options: dict[str, Any] = {
+            "now": _monotonic_ms,
+            "wait": self._wait,
+            "ledger": self.ledger,
+            "cancel": self._stop_requested,
+            "nudge": self.agent.nudge,
+            "tools": {name: tool.effect for name, tool in self.tools.items()},
+        }
+        limits = limits_of(task)
+        if same_phase and "guard" in checkpoint:
+            # The same phase after a crash or redelivery: go on with the detectors' memory.
+            self.guard = Guard.restore(checkpoint["guard"], limits, **options)
+            self.observation = _decode(checkpoint.get("observation"))
+        else:
+            # A new phase: budgets carry over, repeat memory starts afresh.
+            self.guard = Guard(limits, used=usage_of(task), revision=task.revision, **options)
+            self.observation = None
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def drive(self) -> str:
+        guard, agent = self.guard, self.agent
+        while True:
+            stop = guard.before_model()
+            if stop is not None:
+                return self._finish(stop)
+            self._save()  # the model call is spent even if this process dies while planning
+            started = time.monotonic()
+            agent.tokens = 0
+            try:
+                proposal = agent.plan(self.observation)
+                if agent.tokens:
+                    guard.spend_tokens(agent.tokens)
+            except Exception as exc:
+                self._save(self._model_event(None, started, detail=f"planner: {exc!r}"))
+                return self._finish(guard.planner_failed(exc))
+            model_event = self._model_event(proposal, started)
+            if isinstance(proposal, Finish):
+                report = guard.finish(proposal, agent.inspect)
+                self._save(model_event)
+                return self._finish(report)
+            admitted = guard.before_tools(proposal)
+            if isinstance(admitted, Report):
+                self._save(model_event, self._blocked_event(admitted))
+                return self._finish(admitted)
+            if isinstance(admitted, Nudge):
+                self.observation = admitted
+                self._save(model_event, self._nudge_event(admitted))
+                continue
+            self._save(model_event)
+            results: list[Result] = []
+            for ticket in admitted:
+                report = self._step(ticket)
+                if report is not None:
+                    return self._finish(report)
+                if ticket.result is not None:
+                    results.append(ticket.result)
+            pause = guard.before_wait()
+            if isinstance(pause, Report):
+                return self._finish(pause)
+            self.observation = results if isinstance(proposal, list | tuple) else results[0]
+            self._save()
+            if pause:
+                self._save(self._event(EventKind.WAIT, detail=f"waiting {pause:.0f} ms"))
+                self._wait(pause)
+
+    def _step(self, ticket: Ticket) -> Report | None:
+        """One admitted call: claim, run, record. Returns the report if the task stops."""
+        guard, call = self.guard, ticket.call
+        tool = self.tools[call.tool]
+        self.ledger.describe(call)
+        decision = guard.before_tool(ticket)
+        if decision.action is Action.STOP:
+            report = decision.report
+            if report is None:  # pragma: no cover - STOP always carries its report
+                raise RuntimeError("a stop decision without a report")
+            self._save(self._request_event(ticket, Decision.BLOCKED, None, reason=report.reason))
+            return report
+        started = time.monotonic()
+        outcome: Any = decision.result
+        error: Exception | None = None
+        if decision.action is Action.EXECUTE:
+            self._save()  # the execution is counted before it starts
+            try:
+                outcome = tool.run(call)
+            except Exception as exc:
+                error = exc
+        latency = time.monotonic() - started
+        lookup = tool.lookup if self.agent.auto_lookup else None
+        stop = guard.after_tool(
+            ticket, outcome, error=error, inspect=self.agent.inspect, lookup=lookup
+        )
+        executed = decision.action is Action.EXECUTE
+        detail = "" if error is None else f"{type(error).__name__}: {error}"[:500]
+        self._save(
+            self._request_event(
+                ticket,
+                Decision.EXECUTED if executed else Decision.REUSED,
+                latency,
+                reason="" if stop is None else stop.reason,
+                detail=detail,
+            )
+        )
+        return stop
+
+    # -- persistence ----------------------------------------------------------------------
+
+    def _save(self, *events: dict[str, Any]) -> None:
+        """Persist counters, checkpoint and ``events`` in one short transaction.
+
+        Conditional on still holding the lease: a driver that lost it stops here.
+        """
+        guard = self.guard
+        usage = guard.usage
+        checkpoint = {
+            "phase": self.task.phase,
+            "guard": guard.checkpoint(),
+            "agent": self.agent.memory,
+            "observation": _encode(self.observation),
+        }
+        now = timezone.now()
+        with transaction.atomic():
+            updated = Task.objects.filter(
+                id=self.task.id, lease_owner=self.owner, state=TaskState.RUNNING
+            ).update(
+                **_counters(usage, guard.revision),
+                checkpoint=checkpoint,
+                updated_at=now,
+                next_seq=F("next_seq") + len(events),
+            )
+            if updated != 1:
+                raise LeaseLost(f"task {self.task.id} is no longer driven by {self.owner}")
+            if events:
+                last = Task.objects.filter(id=self.task.id).values_list("next_seq", flat=True).get()
+                first = int(last) - len(events)
+                TraceEvent.objects.bulk_create(
+                    TraceEvent(task_id=self.task.id, phase=self.task.phase, seq=first + i, **event)
+                    for i, event in enumerate(events)
+                )
+
+    def _finish(self, report: Report) -> str:
+        """Record the guard's stop as the task's terminal state."""
+        if self.heartbeat.lost:
+            raise LeaseLost("the lease was lost before the stop could be recorded")
+        if self.ledger.unavailable is not None:
+            # A step failed on the database: that is no verdict on the task. Record nothing;
+            # recovery settles what was in flight and resumes from the last checkpoint.
+            raise DatabaseError(f"the ledger failed ({self.ledger.unavailable}); left to recovery")
+        if report.reason is Reason.OPERATOR_STOP and not Task.objects.filter(
+            id=self.task.id, stop_requested_at__isnull=False
+        ).exists():
+            # The guard stopped because the stop fact could not be read, not because an
+            # operator asked: record nothing and let recovery resume the task.
+            raise DatabaseError("stopped on an unreadable stop fact; leaving it to recovery")
+        usage = report.usage
+        checkpoint = {
+            "phase": self.task.phase,
+            "guard": self.guard.checkpoint(),
+            "agent": self.agent.memory,
+            "observation": _encode(self.observation),
+        }
+        with transaction.atomic():
+            task = (
+                Task.objects.select_for_update()
+                .filter(id=self.task.id, lease_owner=self.owner, state=TaskState.RUNNING)
+                .first()
+            )
+            if task is None:
+                raise LeaseLost(f"task {self.task.id} is no longer driven by {self.owner}")
+            finish_task(
+                task,
+                report.state.value,
+                report.reason.value,
+                report.to_dict(),
+                detail=report.detail,
+                counters=_counters(usage, report.revision),
+                checkpoint=checkpoint,
+            )
+        return f"{report.state}/{report.reason}"
+
+    # -- signals --------------------------------------------------------------------------
+
+    def _stop_requested(self) -> bool:
+        """The guard's cancel signal: the stop fact in the database, or a lost lease.
+
+        If the database cannot be asked, nothing may start: the answer is "stop", and
+        the driver will fail to record anything and leave the task to recovery.
+        """
+        if self.heartbeat.lost:
+            return True
+        try:
+            return Task.objects.filter(id=self.task.id, stop_requested_at__isnull=False).exists()
+        except DatabaseError:
+            logger.exception("task %s: cannot read its stop fact", self.task.id)
+            return True
+
+    def _wait(self, ms: float) -> None:
+        """Wait for a RETRYABLE/PENDING result, waking within ``STOP_POLL_S`` for a stop."""
+        end = time.monotonic() + ms / 1000.0
+        while True:
+            left = end - time.monotonic()
+            if left <= 0 or self._stop_requested():
+                return
+            time.sleep(min(left, STOP_POLL_S))
+
+    # -- events ---------------------------------------------------------------------------
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return {"kind": kind, "at": timezone.now(), **fields}
+
+    def _model_event(
+        self, proposal: Any, started: float, *, detail: str = ""
+    ) -> dict[str, Any]:
+        if isinstance(proposal, Finish):
+            decision, summary = Decision.FINISHED, "finish: " + preview(proposal.answer, 500)
+        elif proposal is None:
+            decision, summary = Decision.BLOCKED, detail
+        else:
+            calls = proposal if isinstance(proposal, list | tuple) else [proposal]
+            names = ", ".join(str(getattr(c, "tool", "?")) for c in calls)
+            decision, summary = Decision.PLANNED, f"{len(calls)} call(s): {names}"[:500]
+        return self._event(
+            EventKind.MODEL_CALL,
+            decision=decision,
+            latency_ms=_ms(time.monotonic() - started),
+            tokens=self.agent.tokens or None,
+            revision=self.guard.revision,
+            detail=summary,
+        )
+
+    def _request_event(
+        self,
+        ticket: Ticket,
+        decision: str,
+        latency: float | None,
+        *,
+        reason: str = "",
+        detail: str = "",
+    ) -> dict[str, Any]:
+        call, result = ticket.call, ticket.result
+        return self._event(
+            EventKind.REQUEST,
+            decision=decision,
+            reason=reason,
+            tool=call.tool,
+            fingerprint=ticket.fingerprint,
+            args_preview=preview(call.args),
+            result_kind="" if result is None else str(result.kind),
+            result_preview="" if result is None else preview(result.data),
+            revision=self.guard.revision,
+            operation_key=call.operation_key or "",
+            latency_ms=None if latency is None else _ms(latency),
+            detail=detail,
+        )
+
+    def _blocked_event(self, report: Report) -> dict[str, Any]:
+        about = report.call or {}
+        return self._event(
+            EventKind.REQUEST,
+            decision=Decision.BLOCKED,
+            reason=report.reason,
+            tool=str(about.get("tool") or "")[:200],
+            fingerprint=str(about.get("fingerprint") or ""),
+            operation_key=str(about.get("operation_key") or "")[:200],
+            revision=report.revision,
+            detail=report.detail[:2000],
+        )
+
+    def _nudge_event(self, nudge: Nudge) -> dict[str, Any]:
+        return self._event(
+            EventKind.REQUEST,
+            decision=Decision.NUDGED,
+            reason=nudge.reason,
+            tool=nudge.tool,
+            fingerprint=nudge.fingerprint,
+            revision=self.guard.revision,
+            detail=nudge.message,
+        )
+
+
+def _ms(seconds: float) -> int:
+    return max(0, round(seconds * 1000))
+
+
+def _monotonic_ms() -> float:
+    return time.monotonic() * 1000.0
+
+
+def _encode(observation: Any) -> Any:
+    """The observation as JSON-ready data for the checkpoint."""
+    if observation is None:
+        return None
+    if isinstance(observation, Result):
+        return {"result": observation.to_dict()}
+    if isinstance(observation, Nudge):
+        return {
+            "nudge": {
+                "message": observation.message,
+                "tool": observation.tool,
+                "fingerprint": observation.fingerprint,
+                "reason": observation.reason.value,
+            }
+        }
+    if isinstance(observation, list):
+        return {"results": [item.to_dict() for item in observation]}
+    raise TypeError(f"cannot checkpoint an observation of type {type(observation).__name__}")
+
+
+def _decode(raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        return None
+    if "result" in raw:
+        return Result.from_dict(raw["result"])
+    if "results" in raw:
+        return [Result.from_dict(item) for item in raw["results"]]
+    if "nudge" in raw:
+        nudge = raw["nudge"]
+        return Nudge(nudge["message"], nudge["tool"], nudge["fingerprint"], Reason(nudge["reason"]))
+    return None
+

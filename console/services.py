@@ -1,0 +1,432 @@
+"""The only places task and operation state moves by human or API action.
+
+Each service is one short transaction: it locks the row, checks the state it expects
+("from this state to that one"), makes the change and writes its audit entry in the same
+transaction, and raises a :class:`ServiceError` the caller can show when the state is
+not what the person saw (someone else acted first). Workers are enqueued on commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import fields
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import transaction
+from django.utils import timezone
+
+from guard import Limits, Reason, State
+from guard import canonical_json as guard_canonical_json
+
+from .agents import UnknownAgent, agent_class
+from .models import (
+    RESTART_LOOP,
+    AuditAction,
+    AuditEntry,
+    Operation,
+    OperationEvent,
+    OperationState,
+    Phase,
+    Task,
+    TaskState,
+)
+from .redaction import redact
+from .runner import finish_task, report_from_task
+
+User = AbstractBaseUser | AnonymousUser
+
+MAX_INPUT_BYTES = 64 * 1024
+BUDGET_REASONS = {
+    Reason.DEADLINE.value: "deadline_ms",
+    Reason.MODEL_BUDGET.value: "model_calls",
+    Reason.REQUEST_BUDGET.value: "requests",
+    Reason.EXECUTION_BUDGET.value: "executions",
+    Reason.TOKEN_BUDGET.value: "tokens",
+    Reason.POLL_BUDGET.value: "polls",
+}
+GRANTABLE = ("deadline_ms", "model_calls", "requests", "executions", "tokens", "polls")
+LIMIT_FIELDS = tuple(f.name for f in fields(Limits))
+
+
+class ServiceError(Exception):
+    """A service refused; the message is meant for the person who asked."""
+
+
+class NotFound(ServiceError):
+    """No such task or operation."""
+
+
+class StaleState(ServiceError):
+    """The task or operation is no longer in the state the action was meant for."""
+
+
+class Refused(ServiceError):
+    """The action is not allowed now (the message says why)."""
+
+
+class InvalidInput(ServiceError):
+    """The request itself is malformed (the message says what is wrong)."""
+
+
+def _enqueue(task_id: int) -> None:
+    from .tasks import run_task  # tasks import this module's callers; keep the edge one-way
+
+    run_task.delay(task_id)
+
+
+Enqueue = Callable[[int], None]
+
+
+# -- start -----------------------------------------------------------------------------------
+
+
+def input_fingerprint(agent: str, input: Mapping[str, Any]) -> str:
+    """What identifies "the same goal" for restart-loop detection."""
+    return hashlib.sha256(f"{agent}\x00{guard_canonical_json(input)}".encode()).hexdigest()
+
+
+def parse_limits(
+    agent_defaults: Mapping[str, Any], given: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """Defaults from settings, then the agent's, then the caller's; validated by ``Limits``."""
+    merged: dict[str, Any] = {
+        **settings.LOOPGUARD_DEFAULT_LIMITS,
+        **agent_defaults,
+        **(given or {}),
+    }
+    unknown = sorted(set(merged) - set(LIMIT_FIELDS))
+    if unknown:
+        raise InvalidInput(f"unknown limit(s): {', '.join(unknown)}")
+    try:
+        value = dict(merged)
+        value["exempt"] = frozenset(value.get("exempt", ()))
+        Limits(**value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"invalid limits: {exc}") from exc
+    merged["exempt"] = sorted(merged.get("exempt", ()))
+    return merged
+
+
+def task_start(
+    *,
+    agent: str,
+    input: Mapping[str, Any] | None = None,
+    limits: Mapping[str, Any] | None = None,
+    actor: User | None = None,
+    reason: str = "",
+    enqueue: Enqueue = _enqueue,
+) -> Task:
+    """Create a task and enqueue its first phase, unless the same goal keeps coming back.
+
+    The same agent started with the same input ``LOOPGUARD_RESTART_LIMIT`` times inside
+    ``LOOPGUARD_RESTART_WINDOW_SECONDS`` is held (``NEEDS_HUMAN``/``restart_loop``) for an
+    operator instead of running: a per-run budget cannot see an outer trigger loop.
+    """
+    input = dict(input or {})
+    try:
+        cls = agent_class(agent)
+    except UnknownAgent as exc:
+        raise InvalidInput(str(exc)) from exc
+    try:
+        encoded = json.dumps(input, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"the input is not JSON: {exc}") from exc
+    if len(encoded.encode()) > MAX_INPUT_BYTES:
+        raise InvalidInput(f"the input is larger than {MAX_INPUT_BYTES // 1024} KiB")
+    try:
+        cls.validate_input(input)
+        fingerprint = input_fingerprint(agent, input)
+    except ValueError as exc:
+        raise InvalidInput(f"invalid input for {agent}: {exc}") from exc
+    task_limits = parse_limits(cls.default_limits, limits)
+    user = actor if actor is not None and actor.is_authenticated else None
+
+    with transaction.atomic():
+        window = timezone.now() - timedelta(seconds=settings.LOOPGUARD_RESTART_WINDOW_SECONDS)
+        recent = Task.objects.filter(
+            agent=agent, input_fingerprint=fingerprint, created_at__gte=window
+        ).count()
+        held = recent + 1 > settings.LOOPGUARD_RESTART_LIMIT
+        task = Task.objects.create(
+            agent=agent,
+            # Secrets never reach the database: an agent gets its credentials from its own
+            # configuration, not from a task's input.
+            input=redact(input),
+            input_fingerprint=fingerprint,
+            limits=task_limits,
+            created_by=user,
+        )
+        Phase.objects.create(task=task, number=1, usage_at_start={})
+        if held:
+            detail = (
+                f"started {recent + 1} times within "
+                f"{settings.LOOPGUARD_RESTART_WINDOW_SECONDS} s with the same input"
+            )
+            report = report_from_task(task, State.NEEDS_HUMAN, RESTART_LOOP, detail).to_dict()
+            report["reason"] = RESTART_LOOP
+            report["resume_condition"] = (
+                "Find what keeps starting this goal again; approve resumption to run it anyway."
+            )
+            finish_task(task, State.NEEDS_HUMAN, RESTART_LOOP, report, detail=detail)
+        else:
+            transaction.on_commit(lambda: enqueue(task.id))
+        if user is not None:
+            AuditEntry.objects.create(
+                actor=user,
+                action=AuditAction.START,
+                task=task,
+                reason=reason or "started from the console",
+                after={"agent": agent, "state": TaskState.NEEDS_HUMAN if held else task.state},
+            )
+    task.refresh_from_db()
+    return task
+
+
+# -- stop ------------------------------------------------------------------------------------
+
+
+def task_stop(*, task_id: int, actor: User, reason: str) -> Task:
+    """Stop a task: at once if it has not started, else by recording the stop fact.
+
+    A running task's driver sees the recorded stop before its next model call, at the
+    executor's entry (in the claim's own transaction) and while waiting; it then ends
+    ``CANCELLED``/``operator_stop`` (or ``NEEDS_HUMAN`` if a write was left uncertain).
+    """
+    reason = _required(reason)
+    with transaction.atomic():
+        task = _lock_task(task_id)
+        before = {"state": task.state, "stop_requested": task.stop_requested_at is not None}
+        now = timezone.now()
+        if task.state == TaskState.RUNNING:
+            if task.stop_requested_at is not None:
+                raise StaleState(f"task {task.id} is already stopping")
+            Task.objects.filter(id=task.id, state=TaskState.RUNNING).update(
+                stop_requested_at=now, stop_requested_by=actor, stop_note=reason, updated_at=now
+            )
+        elif task.state == TaskState.QUEUED or (
+            task.state == TaskState.NEEDS_HUMAN and task.reason == RESTART_LOOP
+        ):
+            Task.objects.filter(id=task.id, state=task.state).update(
+                stop_requested_at=now, stop_requested_by=actor, stop_note=reason
+            )
+            if task.state == TaskState.NEEDS_HUMAN:
+                # Held before it ever ran: its phase already has a report; close the task.
+                Task.objects.filter(id=task.id).update(
+                    state=TaskState.CANCELLED, reason=Reason.OPERATOR_STOP, updated_at=now
+                )
+            else:
+                detail = f"stopped before it ran: {reason}"
+                report = report_from_task(task, State.CANCELLED, Reason.OPERATOR_STOP, detail)
+                finish_task(
+                    task, State.CANCELLED, Reason.OPERATOR_STOP, report.to_dict(), detail=detail
+                )
+        else:
+            raise StaleState(f"task {task.id} has already stopped ({task.state})")
+        task.refresh_from_db()
+        _audit(actor, AuditAction.STOP, reason, task=task, before=before,
+               after={"state": task.state, "stop_requested": True})
+    return task
+
+
+# -- reconciliation --------------------------------------------------------------------------
+
+
+def operation_mark_committed(
+    *,
+    key: str,
+    actor: User,
+    evidence: str,
+    result: Any = None,
+) -> Operation:
+    """A reconciler verified in the business system that the action took effect."""
+    return _settle(key, actor, evidence, committed=True, result=result)
+
+
+def operation_mark_not_committed(*, key: str, actor: User, evidence: str) -> Operation:
+    """A reconciler verified that the action did not take effect; it may be retried."""
+    return _settle(key, actor, evidence, committed=False, result=None)
+
+
+def _settle(key: str, actor: User, evidence: str, *, committed: bool, result: Any) -> Operation:
+    evidence = _required(evidence, what="evidence")
+    with transaction.atomic():
+        op = Operation.objects.select_for_update().filter(key=key).first()
+        if op is None:
+            raise NotFound(f"there is no operation {key!r}")
+        if op.state == OperationState.IN_FLIGHT:
+            # Only an IN_FLIGHT whose driver is gone may be settled by a human: a live
+            # driver may still be inside the tool.
+            live = Task.objects.filter(
+                id=op.task_id, state=TaskState.RUNNING, lease_expires_at__gt=timezone.now()
+            ).exists()
+            if live:
+                raise Refused(f"{key} is being executed right now; wait for it to finish")
+        elif op.state != OperationState.UNKNOWN:
+            raise StaleState(f"{key} is already {op.state}")
+        before = {"state": op.state}
+        target = OperationState.COMMITTED if committed else OperationState.NOT_COMMITTED
+        stored = None
+        if committed:
+            stored = {"kind": "SUCCESS", "data": redact(result), "wait_ms": None, "attempts": 1}
+        updated = Operation.objects.filter(id=op.id, state=op.state).update(
+            state=target, result=stored, evidence=evidence, updated_at=timezone.now()
+        )
+        if updated != 1:  # pragma: no cover - the row is locked
+            raise StaleState(f"{key} changed while it was being settled")
+        OperationEvent.objects.create(
+            operation=op,
+            from_state=op.state,
+            to_state=target,
+            actor=actor,
+            evidence=evidence,
+        )
+        op.refresh_from_db()
+        action = AuditAction.MARK_COMMITTED if committed else AuditAction.MARK_NOT_COMMITTED
+        _audit(actor, action, evidence, task_id=op.task_id, operation=op, before=before,
+               after={"state": op.state})
+    return op
+
+
+# -- resumption ------------------------------------------------------------------------------
+
+
+def task_approve_resumption(
+    *,
+    task_id: int,
+    actor: User,
+    reason: str,
+    grant: Mapping[str, int] | None = None,
+    enqueue: Enqueue = _enqueue,
+) -> Task:
+    """Open a new phase for a stopped task; its spent budgets carry over.
+
+    Refused while any of its operations is ``UNKNOWN`` or ``IN_FLIGHT``. When the task
+    stopped because a budget ran out, ``grant`` must add to that budget explicitly.
+    """
+    reason = _required(reason)
+    grant = dict(grant or {})
+    for name, amount in grant.items():
+        if name not in GRANTABLE:
+            raise InvalidInput(f"{name} is not a budget that can be granted")
+        if not isinstance(amount, int) or isinstance(amount, bool) or amount < 0:
+            raise InvalidInput(f"the grant of {name} must be a whole number ≥ 0")
+    with transaction.atomic():
+        task = _lock_task(task_id)
+        if task.state in (TaskState.QUEUED, TaskState.RUNNING):
+            raise StaleState(f"task {task.id} is {task.state}, not stopped")
+        if task.state == TaskState.COMPLETED:
+            raise StaleState(f"task {task.id} is completed: there is nothing to resume")
+        uncertain = list(
+            Operation.objects.filter(
+                task_id=task.id, state__in=[OperationState.UNKNOWN, OperationState.IN_FLIGHT]
+            ).values_list("key", flat=True)
+        )
+        if uncertain:
+            raise Refused(
+                "reconcile first: " + ", ".join(uncertain) + " may or may not have happened"
+            )
+        needed = BUDGET_REASONS.get(task.reason)
+        if needed and grant.get(needed, 0) <= 0:
+            raise Refused(f"the task ran out of {needed}: grant an explicit amount to resume")
+        limits = dict(task.limits)
+        for name, amount in grant.items():
+            if name == "tokens" and limits.get("tokens") is None:
+                continue  # unbounded stays unbounded
+            limits[name] = int(limits.get(name, 0)) + amount
+        before = {"state": task.state, "reason": task.reason, "limits": task.limits}
+        number = task.phase + 1
+        now = timezone.now()
+        updated = Task.objects.filter(id=task.id, state=task.state).update(
+            state=TaskState.QUEUED,
+            reason="",
+            detail="",
+            limits=limits,
+            phase=number,
+            stop_requested_at=None,
+            stop_requested_by=None,
+            stop_note="",
+            finished_at=None,
+            updated_at=now,
+        )
+        if updated != 1:  # pragma: no cover - the row is locked
+            raise StaleState(f"task {task.id} changed while resuming")
+        Phase.objects.create(
+            task=task,
+            number=number,
+            approved_by=actor,
+            approval_note=reason,
+            grant=grant,
+            usage_at_start={
+                "model_calls": task.model_calls,
+                "requests": task.requests,
+                "executions": task.executions,
+                "tokens": task.tokens,
+                "elapsed_ms": task.elapsed_ms,
+            },
+        )
+        _audit(actor, AuditAction.APPROVE_RESUMPTION, reason, task=task, before=before,
+               after={"state": TaskState.QUEUED, "phase": number, "grant": grant,
+                      "limits": limits})
+        transaction.on_commit(lambda: enqueue(task.id))
+    task.refresh_from_db()
+    return task
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _lock_task(task_id: int) -> Task:
+    task = Task.objects.select_for_update().filter(id=task_id).first()
+    if task is None:
+        raise NotFound(f"there is no task {task_id}")
+    return task
+
+
+def _required(text: str, *, what: str = "a reason") -> str:
+    text = (text or "").strip()
+    if not text:
+        raise InvalidInput(f"{what} is required")
+    return text[:4000]
+
+
+def _audit(
+    actor: User,
+    action: str,
+    reason: str,
+    *,
+    task: Task | None = None,
+    task_id: int | None = None,
+    operation: Operation | None = None,
+    before: Mapping[str, Any] | None = None,
+    after: Mapping[str, Any] | None = None,
+) -> AuditEntry:
+    if not actor.is_authenticated:
+        raise Refused("a signed-in person is required")
+    return AuditEntry.objects.create(
+        actor=actor,
+        action=action,
+        task_id=task.id if task is not None else task_id,
+        operation=operation,
+        reason=reason,
+        before=dict(before or {}),
+        after=dict(after or {}),
+    )
+
+
+__all__ = [
+    "InvalidInput",
+    "NotFound",
+    "Refused",
+    "ServiceError",
+    "StaleState",
+    "operation_mark_committed",
+    "operation_mark_not_committed",
+    "task_approve_resumption",
+    "task_start",
+    "task_stop",
+]

@@ -1,0 +1,123 @@
+"""Agents that exist for the runner's tests: small, deterministic, slow on request."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from console.agents import Agent, Tool
+from console.desk import services as desk
+from console.desk.models import Notice
+from guard import Call, Evidence, Finish, Kind, Result, Settlement
+
+
+def _sleep(ms: Any) -> None:
+    if ms:
+        time.sleep(float(ms) / 1000.0)
+
+
+class NoticeWriter(Agent):
+    """Sends ``count`` notices one after another, each a write with its own key.
+
+    ``sleep_ms`` is spent inside the tool *after* the notice is committed, so a process
+    killed then leaves a committed action whose response never came back.
+    """
+
+    name = "test_notices"
+    title = "Notice writer (tests)"
+
+    def __init__(self, task_id: int, input: Mapping[str, Any], memory: dict[str, Any]) -> None:
+        super().__init__(task_id, input, memory)
+        # {"auto_lookup": false} sends a lost response to a human instead of the lookup.
+        self.auto_lookup = bool(input.get("auto_lookup", True))
+
+    def _key(self, n: int) -> str:
+        return f"{self.input.get('prefix', 'task')}-{self.task_id}-notice-{n}"
+
+    def tools(self) -> Sequence[Tool]:
+        return [Tool("send_notice", "write", self._send, lookup=self._lookup)]
+
+    def _send(self, call: Call) -> Result:
+        desk.notice_send(
+            order_number=None,
+            recipient="ops@example.com",
+            text=str(call.args["text"]),
+            idempotency_key=str(call.operation_key),
+        )
+        _sleep(self.input.get("sleep_ms"))
+        key = str(call.operation_key)
+        if key.endswith(f"-notice-{self.input.get('lose')}") and desk.fault_trip_once(
+            operation_key=key
+        ):
+            raise TimeoutError("the notice was sent but its response was lost")
+        return Result(Kind.SUCCESS, {"sent": call.operation_key})
+
+    def _lookup(self, key: str) -> Settlement:
+        return Settlement(committed=Notice.objects.filter(idempotency_key=key).exists())
+
+    def _sent(self) -> int:
+        keys = [self._key(n) for n in range(1, int(self.input.get("count", 1)) + 1)]
+        return Notice.objects.filter(idempotency_key__in=keys).count()
+
+    def plan(self, observation: Any) -> Call | Finish:
+        sent = self._sent()
+        if sent >= int(self.input.get("count", 1)):
+            return Finish("all sent")
+        n = sent + 1
+        return Call("send_notice", {"text": f"notice {n}"}, "write", self._key(n))
+
+    def inspect(self, result: Result | None, step: Call | Finish) -> Evidence:
+        sent = self._sent()
+        committed = None
+        if isinstance(step, Call):
+            committed = Notice.objects.filter(idempotency_key=step.operation_key).exists()
+        return Evidence(sent, sent >= int(self.input.get("count", 1)), committed)
+
+
+class SlowReader(Agent):
+    """Reads ``pages`` pages, ``sleep_ms`` inside each read; progress is kept in memory."""
+
+    name = "test_reader"
+    title = "Slow reader (tests)"
+
+    def tools(self) -> Sequence[Tool]:
+        return [Tool("read_page", "read", self._read)]
+
+    def _read(self, call: Call) -> Result:
+        _sleep(self.input.get("sleep_ms"))
+        page = int(call.args["page"])
+        return Result(Kind.SUCCESS, {"page": page, "items": [f"item-{page}"]})
+
+    def plan(self, observation: Any) -> Call | Finish:
+        self.tokens = 10
+        return Call("read_page", {"page": int(self.memory.get("read", 0)) + 1})
+
+    def inspect(self, result: Result | None, step: Call | Finish) -> Evidence:
+        read = int(self.memory.get("read", 0))
+        if result is not None and isinstance(step, Call):
+            data: Mapping[str, Any] = result.data or {}
+            if data.get("page") == read + 1 and data.get("items") == [f"item-{read + 1}"]:
+                read += 1
+                self.memory["read"] = read
+        return Evidence(read, read >= int(self.input.get("pages", 3)))
+
+
+class Waiter(Agent):
+    """Polls a job that stays ``PENDING``, asking to wait ``wait_ms`` each time."""
+
+    name = "test_waiter"
+    title = "Waiter (tests)"
+
+    def tools(self) -> Sequence[Tool]:
+        return [Tool("job_status", "read", self._status)]
+
+    def _status(self, call: Call) -> Result:
+        self.memory["polls"] = int(self.memory.get("polls", 0)) + 1
+        return Result(Kind.PENDING, {"job": 1}, wait_ms=int(self.input.get("wait_ms", 5000)))
+
+    def plan(self, observation: Any) -> Call:
+        return Call("job_status", {"job": 1})
+
+    def inspect(self, result: Result | None, step: Call | Finish) -> Evidence:
+        return Evidence(0, False)

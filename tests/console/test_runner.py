@@ -1,0 +1,285 @@
+"""The runner drives one task at a time, persists every step and survives what goes wrong."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from django.contrib.auth.models import User
+from django.db import DatabaseError, connection, connections
+from django.utils import timezone
+
+from console import runner, services
+from console.desk.models import Notice
+from console.ledger import DatabaseLedger
+from console.models import (
+    Operation,
+    OperationState,
+    Phase,
+    StopReport,
+    Task,
+    TaskState,
+    TraceEvent,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Start = Callable[..., Task]
+
+
+def _events(task: Task) -> list[tuple[str, str, str]]:
+    return list(
+        TraceEvent.objects.filter(task=task).order_by("seq").values_list("kind", "decision", "tool")
+    )
+
+
+def test_a_task_runs_to_completion_with_every_step_in_its_trace(start: Start) -> None:
+    task = start("test_reader", {"pages": 3})
+
+    outcome = runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert outcome == "COMPLETED/goal_met"
+    assert (task.state, task.reason) == (TaskState.COMPLETED, "goal_met")
+    assert (task.model_calls, task.requests, task.executions, task.revision) == (3, 3, 3, 3)
+    assert task.tokens == 30  # the planner reported 10 per model call
+    assert _events(task) == [
+        ("model_call", "planned", ""),
+        ("request", "executed", "read_page"),
+        ("model_call", "planned", ""),
+        ("request", "executed", "read_page"),
+        ("model_call", "planned", ""),
+        ("request", "executed", "read_page"),
+        ("stop", "", ""),
+    ]
+    seqs = list(TraceEvent.objects.filter(task=task).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, 8))
+    report = StopReport.objects.get(task=task)
+    assert report.report["state"] == "COMPLETED"
+    assert report.report["remaining_budget"]["model_calls"] == task.limits["model_calls"] - 3
+    assert task.lease_owner == ""
+    assert Phase.objects.get(task=task, number=1).state == "COMPLETED"
+
+
+def test_a_second_driver_finds_the_lease_held_and_does_nothing(start: Start) -> None:
+    task = start("test_reader", {"pages": 2})
+    Task.objects.filter(id=task.id).update(
+        lease_owner="elsewhere:1", lease_expires_at=timezone.now() + timedelta(minutes=1)
+    )
+
+    outcome = runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert outcome.startswith("lease held by elsewhere:1")
+    assert task.state == TaskState.QUEUED
+    assert task.executions == 0
+    assert not TraceEvent.objects.filter(task=task).exists()
+
+
+def test_a_finished_task_is_not_driven_again(start: Start) -> None:
+    task = start("test_reader", {"pages": 1})
+    runner.drive(task.id)
+    before = TraceEvent.objects.filter(task=task).count()
+
+    outcome = runner.drive(task.id)
+
+    assert outcome == "nothing to do: the task is COMPLETED"
+    assert TraceEvent.objects.filter(task=task).count() == before
+
+
+def test_a_lost_write_settled_by_its_lookup_goes_on_without_a_human(start: Start) -> None:
+    task = start("test_notices", {"count": 2, "lose": 1})
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.COMPLETED, "goal_met")
+    assert Notice.objects.filter(idempotency_key__startswith=f"task-{task.id}-").count() == 2
+    assert set(Operation.objects.filter(task=task).values_list("state", flat=True)) == {
+        OperationState.COMMITTED
+    }
+
+
+def test_resumption_after_reconciliation_keeps_counters_and_never_repeats_the_write(
+    start: Start, operator: User
+) -> None:
+    task = start("test_notices", {"count": 2, "lose": 1, "auto_lookup": False})
+    runner.drive(task.id)
+    task.refresh_from_db()
+    key = f"task-{task.id}-notice-1"
+    assert (task.state, task.reason) == (TaskState.NEEDS_HUMAN, "executor_error")
+    assert Operation.objects.get(key=key).state == OperationState.UNKNOWN
+    spent = (task.model_calls, task.requests, task.executions)
+
+    with pytest.raises(services.Refused, match=key):
+        services.task_approve_resumption(
+            task_id=task.id, actor=operator, reason="go on", enqueue=lambda i: None
+        )
+    services.operation_mark_committed(
+        key=key, actor=operator, evidence="notice row 1 exists in the desk", result={"sent": key}
+    )
+    services.task_approve_resumption(
+        task_id=task.id, actor=operator, reason="notice verified", enqueue=lambda i: None
+    )
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.COMPLETED, "goal_met")
+    assert task.phase == 2
+    assert task.model_calls > spent[0] and task.executions > spent[2]
+    phase2 = Phase.objects.get(task=task, number=2)
+    assert phase2.usage_at_start["model_calls"] == spent[0]
+    assert phase2.usage_at_start["executions"] == spent[2]
+    assert Notice.objects.filter(idempotency_key=key).count() == 1
+    assert Operation.objects.get(key=key).attempts == 1  # never claimed again
+
+
+def test_budgets_carry_over_and_a_spent_budget_needs_an_explicit_grant(
+    start: Start, operator: User
+) -> None:
+    task = start("test_reader", {"pages": 5}, model_calls=2)
+    runner.drive(task.id)
+    task.refresh_from_db()
+    assert (task.state, task.reason, task.model_calls) == (TaskState.PARTIAL, "model_budget", 2)
+
+    with pytest.raises(services.Refused, match="model_calls"):
+        services.task_approve_resumption(
+            task_id=task.id, actor=operator, reason="more", enqueue=lambda i: None
+        )
+    services.task_approve_resumption(
+        task_id=task.id, actor=operator, reason="two more", grant={"model_calls": 2},
+        enqueue=lambda i: None,
+    )
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.PARTIAL, "model_budget")
+    assert (task.model_calls, task.executions, task.revision) == (4, 4, 4)
+    assert task.limits["model_calls"] == 4
+
+
+def test_a_stop_recorded_before_the_driver_starts_runs_nothing(
+    start: Start, operator: User
+) -> None:
+    task = start("test_reader", {"pages": 3})
+    Task.objects.filter(id=task.id).update(stop_requested_at=timezone.now())
+
+    outcome = runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert outcome == "stopped before it ran"
+    assert (task.state, task.reason, task.executions) == (
+        TaskState.CANCELLED,
+        "operator_stop",
+        0,
+    )
+
+
+def test_an_operator_stop_wakes_a_waiting_driver_within_a_second(
+    start: Start, operator: User
+) -> None:
+    task = start("test_waiter", {"wait_ms": 20_000}, deadline_ms=120_000)
+    thread = threading.Thread(target=_drive_in_thread, args=(task.id,))
+    thread.start()
+    try:
+        _until(lambda: TraceEvent.objects.filter(task=task, kind="wait").exists())
+        executions = Task.objects.get(id=task.id).executions
+        stopped_at = time.monotonic()
+        services.task_stop(task_id=task.id, actor=operator, reason="taking too long")
+        _until(lambda: Task.objects.get(id=task.id).state == TaskState.CANCELLED, timeout=5)
+        latency = time.monotonic() - stopped_at
+    finally:
+        thread.join(timeout=10)
+    task.refresh_from_db()
+    assert latency < 1.0
+    assert task.reason == "operator_stop"
+    assert task.executions == executions
+
+
+def test_an_unreachable_database_at_the_claim_means_nothing_executes(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = start("test_notices", {"count": 2})
+    real_claim = DatabaseLedger.claim
+    cut: list[str] = []
+
+    def claim_after_losing_the_connection(self: DatabaseLedger, key: str, fp: str) -> Any:
+        if not cut and key.endswith("-notice-2"):
+            cut.append(key)
+            _terminate(connection)
+        return real_claim(self, key, fp)
+
+    monkeypatch.setattr(DatabaseLedger, "claim", claim_after_losing_the_connection)
+    with pytest.raises(DatabaseError):
+        runner.drive(task.id)
+    connection.close()  # the database is back: a new connection works
+
+    second = f"task-{task.id}-notice-2"
+    assert not Notice.objects.filter(idempotency_key=second).exists()
+    assert not Operation.objects.filter(key=second).exists()
+
+    # The dead driver's lease runs out; recovery resumes from the checkpoint.
+    Task.objects.filter(id=task.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    resumed: list[int] = []
+    counts = runner.sweep(enqueue=resumed.append)
+    assert counts["resumed"] == 1 and resumed == [task.id]
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason, task.recoveries) == (TaskState.COMPLETED, "goal_met", 1)
+    assert Notice.objects.filter(idempotency_key__startswith=f"task-{task.id}-").count() == 2
+
+
+def test_recovery_turns_an_in_flight_write_into_unknown_and_never_runs_it_again(
+    start: Start,
+) -> None:
+    task = start("test_notices", {"count": 1})
+    owner = "crashed:1"
+    Task.objects.filter(id=task.id).update(
+        state=TaskState.RUNNING,
+        lease_owner=owner,
+        lease_expires_at=timezone.now() - timedelta(seconds=1),
+    )
+    claim = DatabaseLedger(task_id=task.id, owner=owner).claim(f"task-{task.id}-notice-1", "f" * 64)
+    assert claim.status == "claimed"
+
+    counts = runner.sweep(enqueue=lambda task_id: None)
+
+    task.refresh_from_db()
+    assert counts == {"recovered": 1, "resumed": 0, "requeued": 0}
+    assert (task.state, task.reason) == (TaskState.NEEDS_HUMAN, "unknown_commit")
+    assert Operation.objects.get(task=task).state == OperationState.UNKNOWN
+    assert runner.drive(task.id) == "nothing to do: the task is NEEDS_HUMAN"
+    assert not Notice.objects.exists()
+    assert StopReport.objects.get(task=task).report["operation_state"] == "UNKNOWN"
+
+
+def _drive_in_thread(task_id: int) -> None:
+    try:
+        runner.drive(task_id)
+    finally:
+        connections.close_all()
+
+
+def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.02)
+
+
+def _terminate(conn: Any) -> None:
+    """Kill ``conn``'s server process from another connection: a real lost database."""
+    conn.ensure_connection()
+    pid = conn.connection.info.backend_pid
+    params = conn.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params, autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])

@@ -1,0 +1,19 @@
+"""Settings for the test suite: the console's own, plus agents that exist only for tests.
+
+Celery workers started by the tests use this module too, so the agents they drive and the
+lease timing they see are the same as in the test process.
+"""
+
+from console.settings import *  # noqa: F403
+from console.settings import LOOPGUARD_AGENTS
+
+LOOPGUARD_AGENTS = {
+    **LOOPGUARD_AGENTS,
+    "test_notices": "tests.console.agents.NoticeWriter",
+    "test_reader": "tests.console.agents.SlowReader",
+    "test_waiter": "tests.console.agents.Waiter",
+}
+# Short leases so that crash recovery happens within a test's patience.
+LOOPGUARD_LEASE_SECONDS = 2.0
+LOOPGUARD_SWEEP_SECONDS = 1.0
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast test users
