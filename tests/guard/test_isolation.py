@@ -1,0 +1,87 @@
+"""The guard is a standard-library-only package: agent developers can embed it anywhere.
+
+Importing it must not drag in the console's stack (Django, Celery, the PostgreSQL driver,
+Redis), and no module under ``guard/`` may import anything outside the standard library.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import guard
+
+GUARD_DIR = Path(guard.__file__).resolve().parent
+MODULES = sorted(GUARD_DIR.glob("*.py"))
+CONSOLE_STACK = ("django", "celery", "kombu", "psycopg", "psycopg2", "redis")
+
+
+def test_importing_guard_loads_none_of_the_consoles_stack() -> None:
+    probe = (
+        "import json, sys\n"
+        "import guard\n"
+        "from guard import Guard, InMemoryLedger, Limits\n"
+        "Guard(Limits(), ledger=InMemoryLedger())\n"
+        "print(json.dumps({'file': guard.__file__, 'modules': sorted(sys.modules)}))\n"
+    )
+    # A fresh interpreter: this test process has long since imported Django via pytest.
+    env = {**os.environ, "PYTHONPATH": str(GUARD_DIR.parent)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    done = subprocess.run(  # noqa: S603 - our own interpreter, a fixed script, no shell
+        [sys.executable, "-c", probe],
+        cwd=GUARD_DIR.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+    found = json.loads(done.stdout)
+    assert Path(found["file"]).resolve().parent == GUARD_DIR
+    loaded = set(found["modules"])
+    leaked = {name for name in loaded if name.split(".")[0] in CONSOLE_STACK}
+    assert leaked == set()
+
+
+def imported_roots(path: Path) -> set[str]:
+    """Top-level names of the absolute imports in one module (relative ones stay inside)."""
+    roots: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_the_guard_package_has_modules_to_check() -> None:
+    names = {path.name for path in MODULES}
+    assert {"__init__.py", "_guard.py", "_ledger.py", "_fingerprint.py"} <= names
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)
+def test_every_guard_module_imports_only_the_standard_library(path: Path) -> None:
+    outside = imported_roots(path) - set(sys.stdlib_module_names) - {"__future__"}
+    assert outside == set()
+
+
+def test_every_guard_module_uses_relative_imports_for_its_own_package() -> None:
+    absolute_self = {path.name for path in MODULES if "guard" in imported_roots(path)}
+    assert absolute_self == set()
+
+
+def test_the_import_check_would_notice_a_third_party_import(tmp_path: Path) -> None:
+    module = tmp_path / "sneaky.py"
+    module.write_text(
+        "import os\nfrom django.conf import settings\nimport redis.client\nfrom . import x\n"
+    )
+    outside = imported_roots(module) - set(sys.stdlib_module_names)
+    assert outside == {"django", "redis"}
