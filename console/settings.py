@@ -126,6 +126,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Every page needs a signed-in person; the few exceptions say so (@login_not_required).
+    "django.contrib.auth.middleware.LoginRequiredMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
@@ -136,6 +138,9 @@ MIDDLEWARE = [
 SECURE_CSP = {"default-src": [CSP.SELF]}
 
 ROOT_URLCONF = "console.urls"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"
 WSGI_APPLICATION = "console.wsgi.application"
 
 TEMPLATES = [
@@ -257,3 +262,8 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": LOOPGUARD_SWEEP_SECONDS,
     },
 }
+# Beat keeps its last-run times in a file; outside the source tree.
+CELERY_BEAT_SCHEDULE_FILENAME = env_str(
+    "CELERY_BEAT_SCHEDULE_FILENAME",
+    str(Path(os.environ.get("TMPDIR", "/tmp")) / "loopguard-celerybeat-schedule"),  # noqa: S108
+)

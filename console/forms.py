@@ -1,0 +1,103 @@
+"""Forms for the console's actions: they validate input; the services decide."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+
+from .agents import agent_names
+from .services import GRANTABLE, LIMIT_FIELDS
+
+REASON_HELP = "Say why: it goes to the audit log with your name."
+
+
+class StopForm(forms.Form):
+    reason = forms.CharField(
+        max_length=4000, widget=forms.Textarea(attrs={"rows": 3}), help_text=REASON_HELP
+    )
+
+
+class ResolveForm(forms.Form):
+    DECISIONS = [
+        ("committed", "It happened (mark committed)"),
+        ("not_committed", "It did not happen (mark not committed)"),
+    ]
+    decision = forms.ChoiceField(choices=DECISIONS, widget=forms.RadioSelect)
+    evidence = forms.CharField(
+        max_length=4000,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="A reference in the business system, or a note on how you checked.",
+    )
+    result = forms.CharField(
+        required=False,
+        max_length=20_000,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="If it happened and you know the result, as JSON (optional).",
+    )
+
+    def clean_result(self) -> Any:
+        raw = self.cleaned_data["result"].strip()
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+
+
+class ResumeForm(forms.Form):
+    reason = forms.CharField(
+        max_length=4000, widget=forms.Textarea(attrs={"rows": 3}), help_text=REASON_HELP
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in GRANTABLE:
+            self.fields[f"grant_{name}"] = forms.IntegerField(
+                required=False, min_value=0, label=f"grant {name.replace('_', ' ')}"
+            )
+
+    def grant(self) -> dict[str, int]:
+        return {
+            name: int(self.cleaned_data[f"grant_{name}"])
+            for name in GRANTABLE
+            if self.cleaned_data.get(f"grant_{name}")
+        }
+
+
+class StartForm(forms.Form):
+    agent = forms.ChoiceField(choices=())
+    input = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 5, "spellcheck": "false"}),
+        initial="{}",
+        help_text="The task's input, a JSON object.",
+    )
+    limits = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+        help_text="Budgets to override, a JSON object, e.g. {\"model_calls\": 10}. "
+        "Known: " + ", ".join(LIMIT_FIELDS),
+    )
+    reason = forms.CharField(max_length=4000, required=False, help_text="Optional note.")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["agent"].choices = [(name, name) for name in agent_names()]
+
+    def _json_object(self, name: str) -> dict[str, Any]:
+        raw = (self.cleaned_data.get(name) or "").strip() or "{}"
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+        if not isinstance(value, dict):
+            raise forms.ValidationError("must be a JSON object, like {}")
+        return value
+
+    def clean_input(self) -> dict[str, Any]:
+        return self._json_object("input")
+
+    def clean_limits(self) -> dict[str, Any]:
+        return self._json_object("limits")

@@ -1,0 +1,77 @@
+"""Who may do what: roles are Django groups, checked on the server for every action.
+
+Any role may read. Each action needs its own role; ``admin`` (and superusers) hold all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import StrEnum
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group
+
+
+class Role(StrEnum):
+    VIEWER = "viewer"
+    OPERATOR = "operator"
+    RECONCILER = "reconciler"
+    APPROVER = "approver"
+    ADMIN = "admin"
+
+
+class Capability(StrEnum):
+    """What a page may offer and a view must check."""
+
+    READ = "read"
+    START = "start"
+    STOP = "stop"
+    RECONCILE = "reconcile"
+    APPROVE = "approve"
+
+
+GRANTS: dict[Role, frozenset[Capability]] = {
+    Role.VIEWER: frozenset({Capability.READ}),
+    Role.OPERATOR: frozenset({Capability.READ, Capability.START, Capability.STOP}),
+    Role.RECONCILER: frozenset({Capability.READ, Capability.RECONCILE}),
+    Role.APPROVER: frozenset({Capability.READ, Capability.APPROVE}),
+    Role.ADMIN: frozenset(Capability),
+}
+
+
+def roles_of(user: AbstractBaseUser | AnonymousUser) -> frozenset[Role]:
+    """The roles ``user`` holds (all of them for a superuser)."""
+    if not user.is_authenticated or not user.is_active:
+        return frozenset()
+    if getattr(user, "is_superuser", False):
+        return frozenset(Role)
+    cached = getattr(user, "_loopguard_roles", None)
+    if cached is None:
+        names = set(user.groups.values_list("name", flat=True))  # type: ignore[union-attr]
+        cached = frozenset(role for role in Role if role.value in names)
+        user._loopguard_roles = cached  # type: ignore[union-attr]  # one query per request
+    return cached
+
+
+def capabilities_of(user: AbstractBaseUser | AnonymousUser) -> frozenset[Capability]:
+    """Everything ``user`` may do."""
+    found: set[Capability] = set()
+    for role in roles_of(user):
+        found |= GRANTS[role]
+    return frozenset(found)
+
+
+def can(user: AbstractBaseUser | AnonymousUser, capability: Capability) -> bool:
+    return capability in capabilities_of(user)
+
+
+def ensure_groups() -> list[Group]:
+    """Create the role groups if they are missing."""
+    return [Group.objects.get_or_create(name=role.value)[0] for role in Role]
+
+
+def assign(user: AbstractBaseUser, roles: Iterable[Role]) -> None:
+    """Give ``user`` exactly ``roles``."""
+    groups = [Group.objects.get_or_create(name=role.value)[0] for role in roles]
+    user.groups.set(groups)  # type: ignore[attr-defined]
+    if hasattr(user, "_loopguard_roles"):
+        del user._loopguard_roles
