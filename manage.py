@@ -125,8 +125,28 @@ def ensure_environment(extras: str = "") -> None:
         os.execv(VENV_PYTHON, [str(VENV_PYTHON), str(ROOT / "manage.py"), *sys.argv[1:]])
 
 
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def ensure_browser() -> None:
+    """Install Debian's chromium for the browser tests if it is missing (never a download of
+    a browser build of Playwright's own); without root or apt, say the tests will skip."""
+    if CHROMIUM.exists():
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        print("manage.py test: no /usr/bin/chromium; the browser tests will be skipped "
+              "(install Debian's chromium package to run them)", flush=True)
+        return
+    print("manage.py test: installing Debian's chromium for the browser tests", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+        if subprocess.run(command, env=env, stdout=subprocess.DEVNULL, check=False).returncode:
+            sys.exit(f"manage.py test: `{' '.join(command)}` failed")
+
+
 def run_tests(pytest_args: list[str]) -> None:
     """Run ruff, mypy and pytest in order; stop at the first step that fails."""
+    ensure_browser()
     steps = [
         ("ruff", ["ruff", "check", "."]),
         ("mypy", ["mypy"]),

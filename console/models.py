@@ -314,3 +314,41 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_id} {self.action}"
+
+
+class ApiToken(models.Model):
+    """A bearer token for the JSON API, acting as its user with that user's roles.
+
+    Only the SHA-256 of the secret is stored: the secret is shown once, when the token is
+    issued, and cannot be recovered from the database. A plain (unsalted, fast) hash is
+    enough because the secret is 256 random bits, not a password a person chose.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100)
+    # Unique, so also the index for the lookup on every API request.
+    key_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=8)  # lets a person tell their tokens apart
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # Two live tokens of one person with the same name could not be told apart
+            # when one of them has to be revoked.
+            models.UniqueConstraint(
+                fields=["user", "name"],
+                condition=Q(revoked_at__isnull=True),
+                name="api_token_live_name_unique",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name})"
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None

@@ -1,0 +1,31 @@
+"""The JSON API's URL map, mounted at ``/api/`` (views in :mod:`console.api_views`).
+
+| method and path | needs | does |
+| --- | --- | --- |
+| ``GET /api/tasks?state=&reason=&agent=&since=&until=&q=&page=`` | read | one page of tasks |
+| ``POST /api/tasks`` | start | start a task (201) |
+| ``GET /api/tasks/<id>?after=<seq>`` or ``?before=<seq>`` | read | a task, its trace |
+| ``POST /api/tasks/<id>/stop`` | stop | stop it (200, or 202 while it winds down) |
+| ``POST /api/tasks/<id>/resume`` | approve | approve a new phase |
+| ``GET /api/operations`` | read | the reconciliation queue |
+| ``POST /api/operations/<key>/resolve`` | reconcile | mark committed or not committed |
+
+Operation keys may contain slashes, hence the ``path`` converter.
+"""
+
+from django.urls import path, re_path
+
+from console import api_views as views
+
+app_name = "api"
+
+urlpatterns = [
+    path("tasks", views.tasks, name="tasks"),
+    path("tasks/<int:task_id>", views.task, name="task"),
+    path("tasks/<int:task_id>/stop", views.task_stop, name="task-stop"),
+    path("tasks/<int:task_id>/resume", views.task_resume, name="task-resume"),
+    path("operations", views.operations, name="operations"),
+    path("operations/<path:key>/resolve", views.operation_resolve, name="operation-resolve"),
+    # Last: anything else under /api/ is a JSON 404 rather than the console's HTML one.
+    re_path(r"", views.not_found),
+]
