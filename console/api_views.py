@@ -25,7 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.decorators import login_not_required
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import RequestDataTooBig
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -59,7 +59,7 @@ def api_token_digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def api_token_issue(*, user: AbstractBaseUser, name: str) -> tuple[ApiToken, str]:
+def api_token_issue(*, user: User, name: str) -> tuple[ApiToken, str]:
     """Create a token for ``user``; returns it with its secret, which is never stored.
 
     The caller must show the secret now: afterwards only its hash and prefix exist.
@@ -155,7 +155,7 @@ class ApiCall:
     body: dict[str, Any]
 
     @property
-    def user(self) -> AbstractBaseUser:
+    def user(self) -> User:
         return self.token.user
 
 
@@ -301,7 +301,7 @@ def _query_int(request: HttpRequest, name: str) -> int | None:
 # -- what a client sees ------------------------------------------------------------------------
 
 
-def _username(user: AbstractBaseUser | None) -> str | None:
+def _username(user: User | None) -> str | None:
     return None if user is None else user.get_username()
 
 

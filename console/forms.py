@@ -84,7 +84,9 @@ class StartForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["agent"].choices = [(name, name) for name in agent_names()]
+        agent = self.fields["agent"]
+        assert isinstance(agent, forms.ChoiceField)  # noqa: S101 - narrows the type
+        agent.choices = [(name, name) for name in agent_names()]
 
     def _json_object(self, name: str) -> dict[str, Any]:
         raw = (self.cleaned_data.get(name) or "").strip() or "{}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import StrEnum
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group
+from django.contrib.auth.models import AnonymousUser, Group, User
 
 
 class Role(StrEnum):
@@ -38,21 +38,21 @@ GRANTS: dict[Role, frozenset[Capability]] = {
 }
 
 
-def roles_of(user: AbstractBaseUser | AnonymousUser) -> frozenset[Role]:
+def roles_of(user: User | AnonymousUser) -> frozenset[Role]:
     """The roles ``user`` holds (all of them for a superuser)."""
     if not user.is_authenticated or not user.is_active:
         return frozenset()
     if getattr(user, "is_superuser", False):
         return frozenset(Role)
-    cached = getattr(user, "_loopguard_roles", None)
+    cached: frozenset[Role] | None = getattr(user, "_loopguard_roles", None)
     if cached is None:
-        names = set(user.groups.values_list("name", flat=True))  # type: ignore[union-attr]
+        names = set(user.groups.values_list("name", flat=True))
         cached = frozenset(role for role in Role if role.value in names)
-        user._loopguard_roles = cached  # type: ignore[union-attr]  # one query per request
+        user.__dict__["_loopguard_roles"] = cached  # one query per request, not per check
     return cached
 
 
-def capabilities_of(user: AbstractBaseUser | AnonymousUser) -> frozenset[Capability]:
+def capabilities_of(user: User | AnonymousUser) -> frozenset[Capability]:
     """Everything ``user`` may do."""
     found: set[Capability] = set()
     for role in roles_of(user):
@@ -60,7 +60,7 @@ def capabilities_of(user: AbstractBaseUser | AnonymousUser) -> frozenset[Capabil
     return frozenset(found)
 
 
-def can(user: AbstractBaseUser | AnonymousUser, capability: Capability) -> bool:
+def can(user: User | AnonymousUser, capability: Capability) -> bool:
     return capability in capabilities_of(user)
 
 
@@ -69,9 +69,9 @@ def ensure_groups() -> list[Group]:
     return [Group.objects.get_or_create(name=role.value)[0] for role in Role]
 
 
-def assign(user: AbstractBaseUser, roles: Iterable[Role]) -> None:
+def assign(user: User, roles: Iterable[Role]) -> None:
     """Give ``user`` exactly ``roles``."""
     groups = [Group.objects.get_or_create(name=role.value)[0] for role in roles]
-    user.groups.set(groups)  # type: ignore[attr-defined]
+    user.groups.set(groups)
     if hasattr(user, "_loopguard_roles"):
         del user._loopguard_roles

@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -241,7 +242,7 @@ def sweep(enqueue: Callable[[int], None]) -> dict[str, int]:
                 Task.objects.filter(id=task.id).update(
                     state=TaskState.QUEUED, lease_owner="", lease_expires_at=None, updated_at=now
                 )
-                transaction.on_commit(lambda tid=task.id: enqueue(tid))
+                transaction.on_commit(partial(enqueue, task.id))
                 counts["resumed"] += 1
     # A queued task whose message was lost (a broker restart) is enqueued again; a
     # duplicate message is harmless, the lease lets only one driver in.
@@ -409,9 +410,9 @@ class _Driver:
             self._save(model_event)
             results: list[Result] = []
             for ticket in admitted:
-                report = self._step(ticket)
-                if report is not None:
-                    return self._finish(report)
+                stopped = self._step(ticket)
+                if stopped is not None:
+                    return self._finish(stopped)
                 if ticket.result is not None:
                     results.append(ticket.result)
             pause = guard.before_wait()

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.utils import timezone
 
@@ -37,8 +37,6 @@ from .models import (
 )
 from .redaction import redact
 from .runner import finish_task, report_from_task
-
-User = AbstractBaseUser | AnonymousUser
 
 MAX_INPUT_BYTES = 64 * 1024
 BUDGET_REASONS = {
@@ -117,7 +115,7 @@ def task_start(
     agent: str,
     input: Mapping[str, Any] | None = None,
     limits: Mapping[str, Any] | None = None,
-    actor: User | None = None,
+    actor: User | AnonymousUser | None = None,
     reason: str = "",
     enqueue: Enqueue = _enqueue,
 ) -> Task:
@@ -144,7 +142,7 @@ def task_start(
     except ValueError as exc:
         raise InvalidInput(f"invalid input for {agent}: {exc}") from exc
     task_limits = parse_limits(cls.default_limits, limits)
-    user = actor if actor is not None and actor.is_authenticated else None
+    user = actor if isinstance(actor, User) else None
 
     with transaction.atomic():
         window = timezone.now() - timedelta(seconds=settings.LOOPGUARD_RESTART_WINDOW_SECONDS)

@@ -12,7 +12,7 @@ from . import runner
 logger = logging.getLogger(__name__)
 
 
-@shared_task(name="console.tasks.run_task")
+@shared_task(name="console.tasks.run_task")  # type: ignore[untyped-decorator]
 def run_task(task_id: int) -> str:
     """Drive one task (safe to deliver twice: the lease admits one driver)."""
     # A worker lives for days: drop connections a database restart broke before using them.
@@ -23,7 +23,7 @@ def run_task(task_id: int) -> str:
         close_old_connections()
 
 
-@shared_task(name="console.tasks.sweep")
+@shared_task(name="console.tasks.sweep")  # type: ignore[untyped-decorator]
 def sweep() -> dict[str, int]:
     """Recover tasks whose driver died; re-enqueue queued tasks whose message was lost."""
     close_old_connections()

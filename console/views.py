@@ -18,12 +18,14 @@ import redis
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
+from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, connection
 from django.http import (
     Http404,
     HttpRequest,
     HttpResponse,
+    HttpResponseBase,
     JsonResponse,
     StreamingHttpResponse,
 )
@@ -42,7 +44,7 @@ from .roles import Capability, can, capabilities_of
 
 logger = logging.getLogger(__name__)
 
-View = Callable[..., HttpResponse]
+View = Callable[..., HttpResponseBase]
 
 
 def requires(capability: Capability) -> Callable[[View], View]:
@@ -50,7 +52,7 @@ def requires(capability: Capability) -> Callable[[View], View]:
 
     def decorate(view: View) -> View:
         @wraps(view)
-        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if not can(request.user, capability):
                 raise PermissionDenied(f"this needs the {capability} permission")
             return view(request, *args, **kwargs)
@@ -68,7 +70,8 @@ def _page(
 ) -> HttpResponse:
     """Render the whole page, or just the region htmx targets when it is one of ``partials``
     (the element's id and the template partial share a name)."""
-    target = request.htmx.target if getattr(request, "htmx", None) else None
+    htmx = getattr(request, "htmx", None)
+    target = htmx.target if htmx else None
     if target in partials:
         template = f"{template}#{target}"
     context.setdefault("can", {cap.value: True for cap in capabilities_of(request.user)})
@@ -166,7 +169,7 @@ def task_stop(request: HttpRequest, task_id: int) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             task = services.task_stop(
-                task_id=task_id, actor=request.user, reason=form.cleaned_data["reason"]
+                task_id=task_id, actor=_person(request), reason=form.cleaned_data["reason"]
             )
         except services.ServiceError as exc:
             return _done(request, messages.WARNING, str(exc), _task_url(task_id))
@@ -190,7 +193,7 @@ def task_resume(request: HttpRequest, task_id: int) -> HttpResponse:
         try:
             services.task_approve_resumption(
                 task_id=task_id,
-                actor=request.user,
+                actor=_person(request),
                 reason=form.cleaned_data["reason"],
                 grant=form.grant(),
             )
@@ -228,7 +231,7 @@ def task_new(request: HttpRequest) -> HttpResponse:
                 agent=form.cleaned_data["agent"],
                 input=form.cleaned_data["input"],
                 limits=form.cleaned_data["limits"] or None,
-                actor=request.user,
+                actor=_person(request),
                 reason=form.cleaned_data["reason"],
             )
         except services.ServiceError as exc:
@@ -271,19 +274,19 @@ def operation_resolve(request: HttpRequest, key: str) -> HttpResponse:
     if not back.startswith("/"):
         back = reverse("operations")
     if not form.is_valid():
-        errors = "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())
+        errors = "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items())
         return _done(request, messages.ERROR, f"{key} was not changed: {errors}", back)
     try:
         if form.cleaned_data["decision"] == "committed":
             services.operation_mark_committed(
                 key=key,
-                actor=request.user,
+                actor=_person(request),
                 evidence=form.cleaned_data["evidence"],
                 result=form.cleaned_data["result"],
             )
         else:
             services.operation_mark_not_committed(
-                key=key, actor=request.user, evidence=form.cleaned_data["evidence"]
+                key=key, actor=_person(request), evidence=form.cleaned_data["evidence"]
             )
     except services.ServiceError as exc:
         return _done(request, messages.WARNING, str(exc), back)
@@ -315,7 +318,7 @@ def operation_lookup(request: HttpRequest, key: str) -> HttpResponse:
         logger.exception("lookup of %s failed", key)
         found = {"error": f"the lookup failed: {type(exc).__name__}: {exc}"[:500]}
     AuditEntry.objects.create(
-        actor=request.user,
+        actor=_person(request),
         action=AuditAction.LOOKUP,
         task_id=op.task_id,
         operation=op,
@@ -344,7 +347,7 @@ def audit(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 @requires(Capability.READ)
-def audit_export(request: HttpRequest, fmt: str) -> HttpResponse:
+def audit_export(request: HttpRequest, fmt: str) -> StreamingHttpResponse:
     if fmt not in ("csv", "json"):
         raise Http404("the audit log exports as .csv or .json")
     filters = selectors.AuditFilters.from_query(request.GET)
@@ -451,6 +454,13 @@ def healthz(request: HttpRequest) -> JsonResponse:
         },
         status=200 if healthy else 503,
     )
+
+
+def _person(request: HttpRequest) -> User:
+    """The signed-in person acting (the middleware lets no one else this far)."""
+    if not isinstance(request.user, User):
+        raise PermissionDenied("a signed-in person is required")
+    return request.user
 
 
 def _int(raw: str | None) -> int | None:

@@ -16,4 +16,7 @@ LOOPGUARD_AGENTS = {
 # Short leases so that crash recovery happens within a test's patience.
 LOOPGUARD_LEASE_SECONDS = 2.0
 LOOPGUARD_SWEEP_SECONDS = 1.0
+CELERY_BEAT_SCHEDULE = {
+    "recover-expired-leases": {"task": "console.tasks.sweep", "schedule": LOOPGUARD_SWEEP_SECONDS}
+}
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast test users

@@ -50,12 +50,13 @@ class Command(BaseCommand):
                 limits[key.strip()] = int(value)
             except ValueError as exc:
                 raise CommandError(f"--limit {item!r}: {value!r} is not a whole number") from exc
-        enqueue = (lambda task_id: None) if options["wait"] else None
         try:
-            task = task_start(
-                agent=name, input=payload, limits=limits or None,
-                **({"enqueue": enqueue} if enqueue else {}),
-            )
+            if options["wait"]:  # this process drives it: nothing goes to the queue
+                task = task_start(
+                    agent=name, input=payload, limits=limits or None, enqueue=lambda task_id: None
+                )
+            else:
+                task = task_start(agent=name, input=payload, limits=limits or None)
         except ServiceError as exc:
             raise CommandError(str(exc)) from exc
         if options["wait"] and task.state == "QUEUED":
