@@ -42,9 +42,12 @@ class ResolveForm(forms.Form):
         if not raw:
             return None
         try:
-            return json.loads(raw)
+            value = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise forms.ValidationError(f"not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+        if "\\u0000" in json.dumps(value):
+            raise forms.ValidationError("a NUL character (\\u0000) cannot be stored")
+        return value
 
 
 class ResumeForm(forms.Form):

@@ -87,6 +87,10 @@ class Task(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
+    """When the task last changed state or was acted on (indexed: the dashboard's queues)."""
+    last_step_at = models.DateTimeField(null=True, blank=True)
+    """When its driver last saved a step. Not indexed on purpose: saved several times a
+    step, a change to an unindexed column lets PostgreSQL update the row in place (HOT)."""
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -70,6 +70,7 @@ def _redact(value: Any, extra: frozenset[str], depth: int) -> Any:
         out: dict[str, Any] = {}
         for key, item in value.items():
             name = str(key)
+            name = name.replace("\x00", "\ufffd")
             if _is_secret(name, extra):
                 out[name] = REDACTED
             else:
@@ -78,10 +79,11 @@ def _redact(value: Any, extra: frozenset[str], depth: int) -> Any:
     if isinstance(value, list | tuple):
         return [_redact(item, extra, depth + 1) for item in value]
     if isinstance(value, str):
-        return _SECRET_TEXT.sub(REDACTED, value)
+        # PostgreSQL text and jsonb cannot hold NUL: keep a visible stand-in instead.
+        return _SECRET_TEXT.sub(REDACTED, value).replace("\x00", "\ufffd")
     if value is None or isinstance(value, bool | int | float):
         return value
-    return _SECRET_TEXT.sub(REDACTED, repr(value))
+    return _redact(repr(value), extra, depth)
 
 
 def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:

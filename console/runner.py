@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -31,6 +32,7 @@ from django.utils import timezone
 
 from guard import (
     Action,
+    Call,
     Finish,
     Guard,
     Limits,
@@ -344,13 +346,82 @@ class _Heartbeat(threading.Thread):
         self.join(timeout=5)
 
 
+# The step's counters in one statement, conditional on the lease; it also reads back the
+# stop fact, so that the check before the next model call or execution costs nothing
+# extra. Raw SQL with a fixed text: it runs several times a step.
+_SAVE = """
+UPDATE console_task SET model_calls = %s, requests = %s, executions = %s, tokens = %s,
+    polls = %s, elapsed_ms = %s, revision = %s, next_seq = %s, last_step_at = %s{checkpoint}
+WHERE id = %s AND lease_owner = %s AND state = 'RUNNING'
+RETURNING stop_requested_at
+"""
+_SAVE_COUNTERS = _SAVE.format(checkpoint="")
+_SAVE_CHECKPOINT = _SAVE.format(checkpoint=", checkpoint = %s")
+
+# Trace event columns with their types: a VALUES list needs them spelt out where a value
+# may be NULL.
+_EVENT_COLUMNS = (
+    ("task_id", "bigint"),
+    ("phase", "integer"),
+    ("seq", "bigint"),
+    ("at", "timestamptz"),
+    ("kind", "text"),
+    ("decision", "text"),
+    ("reason", "text"),
+    ("tool", "text"),
+    ("fingerprint", "text"),
+    ("args_preview", "text"),
+    ("result_kind", "text"),
+    ("result_preview", "text"),
+    ("revision", "bigint"),
+    ("operation_key", "text"),
+    ("latency_ms", "integer"),
+    ("tokens", "integer"),
+    ("detail", "text"),
+)
+_EVENT_ROW = "(" + ", ".join(f"%s::{kind}" for _, kind in _EVENT_COLUMNS) + ")"
+_EVENT_NAMES = ", ".join(name for name, _ in _EVENT_COLUMNS)
+# Built from the constants above only; every value is a parameter.
+_SAVE_WITH_EVENTS = (
+    "WITH saved AS ({save}), added AS ("  # noqa: S608
+    f"INSERT INTO console_traceevent ({_EVENT_NAMES}) "
+    f"SELECT v.* FROM (VALUES {{values}}) AS v ({_EVENT_NAMES}) CROSS JOIN saved "
+    "RETURNING 1) SELECT stop_requested_at, (SELECT count(*) FROM added) FROM saved"
+)
+_NUMERIC = frozenset({"task_id", "phase", "seq", "at", "revision", "latency_ms", "tokens"})
+
+
+def _event_row(task_id: int, phase: int, seq: int, event: Mapping[str, Any]) -> list[Any]:
+    """One trace event as the VALUES row of ``_SAVE_WITH_EVENTS``."""
+    given = {"task_id": task_id, "phase": phase, "seq": seq, **event}
+    return [
+        given.get(name) if name in _NUMERIC else str(given.get(name) or "")
+        for name, _ in _EVENT_COLUMNS
+    ]
+
+
 class _Driver:
-    """One stretch of one task: rebuilds the guard and agent, then loops over steps."""
+    """One stretch of one task: rebuilds the guard and agent, then loops over steps.
+
+    What is saved, and when (each a short transaction conditional on the lease):
+
+    - before the model call: the model-call counter, already counting this call, so a
+      crash while the model thinks does not give the call back;
+    - after the model call: its trace event and counters, with executions counted ahead
+      for the calls about to run (a crash mid-execution leaves them counted);
+    - after each tool request: its trace event, the counters and the checkpoint (guard,
+      agent memory, observation) that a restart of this phase resumes from.
+
+    Counters saved ahead are corrected by the next save; when a task resumes after a
+    crash they can only be too high, never too low.
+    """
 
     def __init__(self, task: Task, owner: str, heartbeat: _Heartbeat) -> None:
         self.task = task
         self.owner = owner
         self.heartbeat = heartbeat
+        self.next_seq = task.next_seq
+        self.stop_seen: bool | None = task.stop_requested_at is not None
         checkpoint = task.checkpoint if isinstance(task.checkpoint, dict) else {}
         same_phase = checkpoint.get("phase") == task.phase
         self.agent: Agent = agent_class(task.agent)(
@@ -369,7 +440,10 @@ class _Driver:
         limits = limits_of(task)
         if same_phase and "guard" in checkpoint:
             # The same phase after a crash or redelivery: go on with the detectors' memory.
-            self.guard = Guard.restore(checkpoint["guard"], limits, **options)
+            # The counters come from the row, which is never behind the checkpoint.
+            saved = dict(checkpoint["guard"])
+            saved["usage"] = usage_of(task).to_dict()
+            self.guard = Guard.restore(saved, limits, **options)
             self.observation = _decode(checkpoint.get("observation"))
         else:
             # A new phase: budgets carry over, repeat memory starts afresh.
@@ -380,11 +454,14 @@ class _Driver:
 
     def drive(self) -> str:
         guard, agent = self.guard, self.agent
+        reserved = False  # the next model call is already counted in the row
         while True:
+            if not reserved:
+                self._save(model_calls_ahead=1)
+            reserved = False
             stop = guard.before_model()
             if stop is not None:
                 return self._finish(stop)
-            self._save()  # the model call is spent even if this process dies while planning
             started = time.monotonic()
             agent.tokens = 0
             try:
@@ -394,6 +471,7 @@ class _Driver:
             except Exception as exc:
                 self._save(self._model_event(None, started, detail=f"planner: {exc!r}"))
                 return self._finish(guard.planner_failed(exc))
+            self.stop_seen = None  # the model may have taken a while: ask again
             model_event = self._model_event(proposal, started)
             if isinstance(proposal, Finish):
                 report = guard.finish(proposal, agent.inspect)
@@ -405,26 +483,28 @@ class _Driver:
                 return self._finish(admitted)
             if isinstance(admitted, Nudge):
                 self.observation = admitted
-                self._save(model_event, self._nudge_event(admitted))
+                self._save(model_event, self._nudge_event(admitted), checkpoint=True)
                 continue
-            self._save(model_event)
+            self._save(model_event, executions_ahead=len(admitted))
             results: list[Result] = []
-            for ticket in admitted:
-                stopped = self._step(ticket)
+            for index, ticket in enumerate(admitted):
+                last = index == len(admitted) - 1
+                batch = not isinstance(proposal, Call)
+                stopped = self._step(ticket, results, last=last, batch=batch)
                 if stopped is not None:
                     return self._finish(stopped)
-                if ticket.result is not None:
-                    results.append(ticket.result)
+            reserved = True  # the last step's save counted the next model call ahead
             pause = guard.before_wait()
             if isinstance(pause, Report):
                 return self._finish(pause)
-            self.observation = results if isinstance(proposal, list | tuple) else results[0]
-            self._save()
             if pause:
-                self._save(self._event(EventKind.WAIT, detail=f"waiting {pause:.0f} ms"))
+                wait_event = self._event(EventKind.WAIT, detail=f"waiting {pause:.0f} ms")
+                self._save(wait_event, model_calls_ahead=1)
                 self._wait(pause)
 
-    def _step(self, ticket: Ticket) -> Report | None:
+    def _step(
+        self, ticket: Ticket, results: list[Result], *, last: bool, batch: bool
+    ) -> Report | None:
         """One admitted call: claim, run, record. Returns the report if the task stops."""
         guard, call = self.guard, ticket.call
         tool = self.tools[call.tool]
@@ -440,7 +520,7 @@ class _Driver:
         outcome: Any = decision.result
         error: Exception | None = None
         if decision.action is Action.EXECUTE:
-            self._save()  # the execution is counted before it starts
+            self.stop_seen = None  # the tool may take a while: ask again afterwards
             try:
                 outcome = tool.run(call)
             except Exception as exc:
@@ -450,6 +530,10 @@ class _Driver:
         stop = guard.after_tool(
             ticket, outcome, error=error, inspect=self.agent.inspect, lookup=lookup
         )
+        if ticket.result is not None:
+            results.append(ticket.result)
+        if last and stop is None:
+            self.observation = results if batch else results[0]
         executed = decision.action is Action.EXECUTE
         detail = "" if error is None else f"{type(error).__name__}: {error}"[:500]
         self._save(
@@ -459,44 +543,78 @@ class _Driver:
                 latency,
                 reason="" if stop is None else stop.reason,
                 detail=detail,
-            )
+            ),
+            checkpoint=True,
+            # Going on: count the next model call now, sparing a save before it.
+            model_calls_ahead=1 if last and stop is None else 0,
         )
         return stop
 
     # -- persistence ----------------------------------------------------------------------
 
-    def _save(self, *events: dict[str, Any]) -> None:
-        """Persist counters, checkpoint and ``events`` in one short transaction.
+    def _save(
+        self,
+        *events: dict[str, Any],
+        checkpoint: bool = False,
+        model_calls_ahead: int = 0,
+        executions_ahead: int = 0,
+    ) -> None:
+        """Persist counters (and the checkpoint, and ``events``) in one short transaction.
 
         Conditional on still holding the lease: a driver that lost it stops here.
         """
         guard = self.guard
         usage = guard.usage
-        checkpoint = {
+        first_seq = self.next_seq
+        params: list[Any] = [
+            usage.model_calls + model_calls_ahead,
+            usage.requests,
+            usage.executions + executions_ahead,
+            usage.tokens,
+            usage.polls,
+            usage.elapsed_ms,
+            guard.revision,
+            first_seq + len(events),
+            timezone.now(),
+        ]
+        if checkpoint:
+            params.append(_CHECKPOINT_FIELD.get_db_prep_save(self._checkpoint(), connection))
+        params += [self.task.id, self.owner]
+        if events and connection.vendor == "postgresql":
+            # One statement: the counters' UPDATE feeds the events' INSERT, so both happen
+            # or neither does, and a lost lease inserts nothing.
+            rows = [_event_row(self.task.id, self.task.phase, first_seq + i, e)
+                    for i, e in enumerate(events)]
+            sql = _SAVE_WITH_EVENTS.format(
+                save=(_SAVE_CHECKPOINT if checkpoint else _SAVE_COUNTERS).strip(),
+                values=", ".join([_EVENT_ROW] * len(rows)),
+            )
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params + [v for r in rows for v in r])
+                row = cursor.fetchone()
+        else:
+            # Elsewhere (SQLite in standalone mode) the same in a transaction.
+            with transaction.atomic() if events else nullcontext():
+                with connection.cursor() as cursor:
+                    cursor.execute(_SAVE_CHECKPOINT if checkpoint else _SAVE_COUNTERS, params)
+                    row = cursor.fetchone()
+                if row is not None and events:
+                    TraceEvent.objects.bulk_create(
+                        TraceEvent(task_id=self.task.id, phase=self.task.phase, seq=seq, **e)
+                        for seq, e in enumerate(events, start=first_seq)
+                    )
+        if row is None:
+            raise LeaseLost(f"task {self.task.id} is no longer driven by {self.owner}")
+        self.next_seq = first_seq + len(events)
+        self.stop_seen = row[0] is not None
+
+    def _checkpoint(self) -> dict[str, Any]:
+        return {
             "phase": self.task.phase,
-            "guard": guard.checkpoint(),
+            "guard": self.guard.checkpoint(),
             "agent": self.agent.memory,
             "observation": _encode(self.observation),
         }
-        now = timezone.now()
-        with transaction.atomic():
-            updated = Task.objects.filter(
-                id=self.task.id, lease_owner=self.owner, state=TaskState.RUNNING
-            ).update(
-                **_counters(usage, guard.revision),
-                checkpoint=checkpoint,
-                updated_at=now,
-                next_seq=F("next_seq") + len(events),
-            )
-            if updated != 1:
-                raise LeaseLost(f"task {self.task.id} is no longer driven by {self.owner}")
-            if events:
-                last = Task.objects.filter(id=self.task.id).values_list("next_seq", flat=True).get()
-                first = int(last) - len(events)
-                TraceEvent.objects.bulk_create(
-                    TraceEvent(task_id=self.task.id, phase=self.task.phase, seq=first + i, **event)
-                    for i, event in enumerate(events)
-                )
 
     def _finish(self, report: Report) -> str:
         """Record the guard's stop as the task's terminal state."""
@@ -512,13 +630,6 @@ class _Driver:
             # The guard stopped because the stop fact could not be read, not because an
             # operator asked: record nothing and let recovery resume the task.
             raise DatabaseError("stopped on an unreadable stop fact; leaving it to recovery")
-        usage = report.usage
-        checkpoint = {
-            "phase": self.task.phase,
-            "guard": self.guard.checkpoint(),
-            "agent": self.agent.memory,
-            "observation": _encode(self.observation),
-        }
         with transaction.atomic():
             task = (
                 Task.objects.select_for_update()
@@ -533,8 +644,8 @@ class _Driver:
                 report.reason.value,
                 report.to_dict(),
                 detail=report.detail,
-                counters=_counters(usage, report.revision),
-                checkpoint=checkpoint,
+                counters=_counters(report.usage, report.revision),
+                checkpoint=self._checkpoint(),
             )
         return f"{report.state}/{report.reason}"
 
@@ -543,21 +654,27 @@ class _Driver:
     def _stop_requested(self) -> bool:
         """The guard's cancel signal: the stop fact in the database, or a lost lease.
 
-        If the database cannot be asked, nothing may start: the answer is "stop", and
-        the driver will fail to record anything and leave the task to recovery.
+        The fact is read back by every save; when time has passed since (the model
+        thought, a tool ran), it is asked again. If the database cannot be asked, nothing
+        may start: the answer is "stop", and the driver leaves the task to recovery.
         """
         if self.heartbeat.lost:
             return True
-        try:
-            return Task.objects.filter(id=self.task.id, stop_requested_at__isnull=False).exists()
-        except DatabaseError:
-            logger.exception("task %s: cannot read its stop fact", self.task.id)
-            return True
+        if self.stop_seen is None:
+            try:
+                self.stop_seen = Task.objects.filter(
+                    id=self.task.id, stop_requested_at__isnull=False
+                ).exists()
+            except DatabaseError:
+                logger.exception("task %s: cannot read its stop fact", self.task.id)
+                return True
+        return self.stop_seen
 
     def _wait(self, ms: float) -> None:
         """Wait for a RETRYABLE/PENDING result, waking within ``STOP_POLL_S`` for a stop."""
         end = time.monotonic() + ms / 1000.0
         while True:
+            self.stop_seen = None
             left = end - time.monotonic()
             if left <= 0 or self._stop_requested():
                 return
@@ -636,6 +753,9 @@ class _Driver:
             revision=self.guard.revision,
             detail=nudge.message,
         )
+
+
+_CHECKPOINT_FIELD = Task._meta.get_field("checkpoint")
 
 
 def _ms(seconds: float) -> int:

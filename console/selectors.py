@@ -84,7 +84,7 @@ def dashboard(*, limit: int = 15) -> Dashboard:
     needs_human = list(
         Task.objects.filter(state=TaskState.NEEDS_HUMAN).order_by("updated_at")[:limit]
     )
-    running = list(Task.objects.filter(state=TaskState.RUNNING).order_by("-updated_at")[:limit])
+    running = list(Task.objects.filter(state=TaskState.RUNNING).order_by("-id")[:limit])
     stopped = list(
         Task.objects.filter(finished_at__isnull=False)
         .exclude(state=TaskState.NEEDS_HUMAN)
@@ -118,6 +118,7 @@ class TaskFilters:
     def from_query(cls, query: Any) -> TaskFilters:
         """Read filters from a QueryDict; bad values are dropped and reported, not raised."""
         errors: dict[str, str] = {}
+        query = _without_nul(query, errors)
         state = query.get("state", "").strip()
         if state and state not in TaskState.values:
             errors["state"] = f"unknown state {state!r}"
@@ -145,6 +146,18 @@ class TaskFilters:
             "q": self.q,
         }
         return {k: v for k, v in out.items() if v}
+
+
+def _without_nul(query: Any, errors: dict[str, str]) -> dict[str, str]:
+    """The query's values, dropping any with a NUL character (the database refuses them)."""
+    clean: dict[str, str] = {}
+    for name in query:
+        value = str(query.get(name, ""))
+        if "\x00" in value:
+            errors[name] = "contains a NUL character"
+        else:
+            clean[name] = value
+    return clean
 
 
 def _parse_time(raw: str, name: str, errors: dict[str, str]) -> datetime | None:
@@ -283,6 +296,7 @@ class AuditFilters:
     @classmethod
     def from_query(cls, query: Any) -> AuditFilters:
         errors: dict[str, str] = {}
+        query = _without_nul(query, errors)
         raw_task = query.get("task", "").strip().removeprefix("#")
         task = int(raw_task) if re.fullmatch(r"\d{1,18}", raw_task) else None
         if raw_task and task is None:

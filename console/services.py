@@ -134,6 +134,8 @@ def task_start(
         encoded = json.dumps(input, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"the input is not JSON: {exc}") from exc
+    if _has_nul(input):
+        raise InvalidInput("the input contains a NUL character (\\u0000), which cannot be stored")
     if len(encoded.encode()) > MAX_INPUT_BYTES:
         raise InvalidInput(f"the input is larger than {MAX_INPUT_BYTES // 1024} KiB")
     try:
@@ -376,6 +378,16 @@ def task_approve_resumption(
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 def _lock_task(task_id: int) -> Task:

@@ -32,6 +32,7 @@ from django.http import (
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
@@ -40,6 +41,7 @@ from . import selectors, services
 from .agents import UnknownAgent, agent_class
 from .forms import ResolveForm, ResumeForm, StartForm, StopForm
 from .models import STOP_REASONS, AuditAction, AuditEntry, TaskState
+from .redaction import redact
 from .roles import Capability, can, capabilities_of
 
 logger = logging.getLogger(__name__)
@@ -165,7 +167,7 @@ def task_stop(request: HttpRequest, task_id: int) -> HttpResponse:
     detail = selectors.task_detail(task_id)
     if detail is None:
         raise Http404(f"there is no task {task_id}")
-    form = StopForm(request.POST or None)
+    form = StopForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         try:
             task = services.task_stop(
@@ -188,7 +190,7 @@ def task_resume(request: HttpRequest, task_id: int) -> HttpResponse:
     detail = selectors.task_detail(task_id)
     if detail is None:
         raise Http404(f"there is no task {task_id}")
-    form = ResumeForm(request.POST or None)
+    form = ResumeForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         try:
             services.task_approve_resumption(
@@ -224,7 +226,7 @@ def task_new(request: HttpRequest) -> HttpResponse:
             initial = {"agent": name, "input": json.dumps(dict(agent_class(name).example_input))}
         except UnknownAgent:
             initial = {}
-    form = StartForm(request.POST or None, initial=initial)
+    form = StartForm(request.POST if request.method == "POST" else None, initial=initial)
     if request.method == "POST" and form.is_valid():
         try:
             task = services.task_start(
@@ -256,11 +258,20 @@ def task_new(request: HttpRequest) -> HttpResponse:
 @require_GET
 @requires(Capability.READ)
 def operations(request: HttpRequest) -> HttpResponse:
+    return _page(request, "console/operations.html", {"rows": _queue_rows({})})
+
+
+def _queue_rows(found: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     now = timezone.now()
-    queue = selectors.reconciliation_queue()
-    rows = [{"op": op, "age": now - op.updated_at, "form": ResolveForm(prefix=f"op{op.id}")}
-            for op in queue]
-    return _page(request, "console/operations.html", {"rows": rows})
+    return [
+        {
+            "op": op,
+            "age": now - op.updated_at,
+            "form": ResolveForm(prefix=f"op{op.id}"),
+            "found": found.get(op.id),
+        }
+        for op in selectors.reconciliation_queue()
+    ]
 
 
 @require_POST
@@ -270,8 +281,8 @@ def operation_resolve(request: HttpRequest, key: str) -> HttpResponse:
     if op is None:
         raise Http404(f"there is no operation {key}")
     form = ResolveForm(request.POST, prefix=request.POST.get("prefix") or None)
-    back = request.POST.get("next") or reverse("operations")
-    if not back.startswith("/"):
+    back = request.POST.get("next") or ""
+    if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
         back = reverse("operations")
     if not form.is_valid():
         errors = "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items())
@@ -317,6 +328,7 @@ def operation_lookup(request: HttpRequest, key: str) -> HttpResponse:
     except Exception as exc:
         logger.exception("lookup of %s failed", key)
         found = {"error": f"the lookup failed: {type(exc).__name__}: {exc}"[:500]}
+    found = redact(found)  # what a business system answers may hold secrets too
     AuditEntry.objects.create(
         actor=_person(request),
         action=AuditAction.LOOKUP,
@@ -325,7 +337,10 @@ def operation_lookup(request: HttpRequest, key: str) -> HttpResponse:
         reason="looked the operation up in the business system",
         after=found,
     )
-    return _page(request, "console/operations.html#lookup", {"op": op, "found": found})
+    if getattr(request, "htmx", None):
+        return _page(request, "console/operations.html#lookup", {"op": op, "found": found})
+    # Without JavaScript: the whole queue, with the answer in place.
+    return _page(request, "console/operations.html", {"rows": _queue_rows({op.id: found})})
 
 
 # -- audit -------------------------------------------------------------------------------------
