@@ -51,6 +51,52 @@ ON CONFLICT (key) DO UPDATE
 RETURNING id, attempts
 """
 
+# PostgreSQL: the gate, the claim and its history row in one statement (one round trip,
+# atomic on its own). The share lock on the task row is taken before the insert can
+# happen, and the stop service's update waits for it.
+_CLAIM_PG = """
+WITH gate AS (
+    SELECT stop_requested_at, lease_owner FROM console_task WHERE id = %(task)s FOR SHARE
+), claimed AS (
+    INSERT INTO console_operation
+        (key, fingerprint, state, tool, task_id, args_preview, result, attempts, evidence,
+         claimed_at, updated_at)
+    SELECT %(key)s, %(fp)s, 'IN_FLIGHT', %(tool)s, %(task)s, %(args)s, NULL, 1, '',
+           %(now)s, %(now)s
+    FROM gate WHERE gate.stop_requested_at IS NULL AND gate.lease_owner = %(owner)s
+    ON CONFLICT (key) DO UPDATE
+        SET state = 'IN_FLIGHT', attempts = console_operation.attempts + 1,
+            task_id = EXCLUDED.task_id, result = NULL, updated_at = EXCLUDED.updated_at
+        WHERE console_operation.state = 'NOT_COMMITTED'
+          AND console_operation.fingerprint = EXCLUDED.fingerprint
+    RETURNING id, attempts, evidence
+), history AS (
+    INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
+                                        evidence)
+    SELECT id, %(now)s, CASE WHEN attempts = 1 THEN '' ELSE 'NOT_COMMITTED' END,
+           'IN_FLIGHT', %(task)s, ''
+    FROM claimed
+)
+SELECT gate.stop_requested_at, gate.lease_owner, claimed.id, claimed.attempts,
+       claimed.evidence
+FROM gate LEFT JOIN claimed ON true
+"""
+
+# PostgreSQL: a settling move from IN_FLIGHT and its history row in one statement.
+_MOVE_PG = """
+WITH moved AS (
+    UPDATE console_operation SET state = %(target)s, result = %(result)s,
+        updated_at = %(now)s
+    WHERE key = %(key)s AND fingerprint = %(fp)s AND state = 'IN_FLIGHT'
+    RETURNING id, attempts, evidence
+), history AS (
+    INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
+                                        evidence)
+    SELECT id, %(now)s, 'IN_FLIGHT', %(target)s, %(task)s, '' FROM moved
+)
+SELECT attempts, evidence FROM moved
+"""
+
 _GATE = "SELECT stop_requested_at, lease_owner FROM console_task WHERE id = %s"
 _GATE_PG = _GATE + " FOR SHARE"  # SQLite has no row locks; it serialises writers anyway
 
@@ -110,6 +156,8 @@ class DatabaseLedger:
             raise
 
     def _claim(self, key: str, fingerprint: str) -> Claim:
+        if connection.vendor == "postgresql":
+            return self._claim_pg(key, fingerprint)
         tool, args = self._described.get(key, ("", ""))
         with transaction.atomic(), connection.cursor() as cursor:
             # The stop service updates this row, so it waits for this share lock: a stop
@@ -139,17 +187,68 @@ class DatabaseLedger:
             return Claim(ClaimStatus.CONFLICT, entry)
         return Claim(_CLAIM_ANSWERS[entry.state], entry)
 
+    def _claim_pg(self, key: str, fingerprint: str) -> Claim:
+        tool, args = self._described.get(key, ("", ""))
+        params: dict[str, Any] = {
+            "task": self.task_id,
+            "key": key,
+            "fp": fingerprint,
+            "tool": tool,
+            "args": args,
+            "now": timezone.now(),
+            "owner": self.owner,
+        }
+        with connection.cursor() as cursor:
+            cursor.execute(_CLAIM_PG, params)
+            row = cursor.fetchone()
+        if row is None:
+            raise LeaseLost(f"task {self.task_id} does not exist")
+        stop_requested_at, lease_owner, claimed_id, attempts, evidence = row
+        if stop_requested_at is not None:
+            raise StopRecorded(f"task {self.task_id} is stopping")
+        if lease_owner != self.owner:
+            raise LeaseLost(f"task {self.task_id} is driven by {lease_owner or 'nobody'}")
+        if claimed_id is not None:
+            entry = Entry(key, fingerprint, State.IN_FLIGHT, None, attempts, evidence)
+            return Claim(ClaimStatus.CLAIMED, entry)
+        existing = entry_of(Operation.objects.get(key=key))
+        if existing.fingerprint != fingerprint:
+            return Claim(ClaimStatus.CONFLICT, existing)
+        return Claim(_CLAIM_ANSWERS[existing.state], existing)
+
+    def _settle_in_flight(
+        self, key: str, fingerprint: str, target: State, result: Any = None
+    ) -> Entry:
+        """IN_FLIGHT → ``target`` in one statement (PostgreSQL), else the general move."""
+        if connection.vendor != "postgresql":
+            return self._move(key, {State.IN_FLIGHT}, target, fingerprint=fingerprint,
+                              result=result)
+        params: dict[str, Any] = {
+            "target": target.value,
+            "result": _RESULT_FIELD.get_db_prep_save(result, connection),
+            "now": timezone.now(),
+            "key": key,
+            "fp": fingerprint,
+            "task": self.task_id,
+        }
+        with self._watch(), connection.cursor() as cursor:
+            cursor.execute(_MOVE_PG, params)
+            row = cursor.fetchone()
+        if row is None:  # say why, from the row as it is
+            current = Operation.objects.filter(key=key).first()
+            if current is None:
+                raise LedgerError(f"no operation {key!r}")
+            if current.fingerprint != fingerprint:
+                raise LedgerError(f"operation {key!r} belongs to another input")
+            raise LedgerError(f"operation {key!r} is {current.state}, cannot become {target}")
+        stored = None if result is None else Result.from_dict(result)
+        return Entry(key, fingerprint, target, stored, row[0], row[1])
+
     def record(self, key: str, fingerprint: str, result: Result) -> Entry:
-        return self._move(
-            key,
-            {State.IN_FLIGHT},
-            State.COMMITTED,
-            fingerprint=fingerprint,
-            result=redact(result.to_dict()),
-        )
+        return self._settle_in_flight(key, fingerprint, State.COMMITTED, redact(result.to_dict()))
 
     def mark_unknown(self, key: str, fingerprint: str) -> Entry:
-        return self._move(key, {State.IN_FLIGHT}, State.UNKNOWN, fingerprint=fingerprint)
+        return self._settle_in_flight(key, fingerprint, State.UNKNOWN)
 
     def resolve(
         self,
@@ -199,3 +298,6 @@ class DatabaseLedger:
                 evidence=evidence,
             )
         return entry_of(row)
+
+
+_RESULT_FIELD = Operation._meta.get_field("result")
