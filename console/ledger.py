@@ -143,6 +143,10 @@ class DatabaseLedger:
             row = Operation.objects.filter(key=key).first()
         return None if row is None else entry_of(row)
 
+    def get_many(self, keys: list[str]) -> dict[str, Entry]:
+        with self._watch():
+            return {row.key: entry_of(row) for row in Operation.objects.filter(key__in=keys)}
+
     def claim(self, key: str, fingerprint: str) -> Claim:
         with self._watch():
             return self._claim(key, fingerprint)

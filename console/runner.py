@@ -104,13 +104,7 @@ def report_from_task(task: Task, state: str, reason: str, detail: str = "") -> R
     """A stop report for a task stopped outside the guard (before it ran, or by recovery)."""
     limits = limits_of(task)
     operations = tuple(entry_of(op) for op in task.operations.order_by("claimed_at", "id"))
-    remaining = {
-        "model_calls": max(0, limits.model_calls - task.model_calls),
-        "requests": max(0, limits.requests - task.requests),
-        "executions": max(0, limits.executions - task.executions),
-        "tokens": None if limits.tokens is None else max(0, limits.tokens - task.tokens),
-        "deadline_ms": max(0, limits.deadline_ms - task.elapsed_ms),
-    }
+    remaining = limits.remaining(usage_of(task))
     return Report(
         state=State(state),
         reason=Reason(reason) if reason in Reason else Reason.OPERATOR_STOP,

@@ -247,14 +247,7 @@ class Guard:
 
     def remaining(self) -> dict[str, int | None]:
         """Budget left per dimension (``None``: that dimension has no limit)."""
-        limits = self.limits
-        return {
-            "model_calls": max(0, limits.model_calls - self.model_calls),
-            "requests": max(0, limits.requests - self.requests),
-            "executions": max(0, limits.executions - self.executions),
-            "tokens": None if limits.tokens is None else max(0, limits.tokens - self.tokens),
-            "deadline_ms": max(0, int(self._deadline - self._now())),
-        }
+        return self.limits.remaining(self.usage)
 
     def spend_tokens(self, tokens: int) -> None:
         """Charge model usage reported by the planner to the token budget."""
@@ -755,6 +748,20 @@ class Guard:
             return f"committed {committed!r} is not a bool or None"
         return None
 
+    def _operations(self) -> list[Operation]:
+        """The current entries of every operation this guard touched, for the report."""
+        keys = list(self._touched)
+        if not keys:
+            return []
+        get_many = getattr(self.ledger, "get_many", None)  # optional: one read for all
+        try:
+            if callable(get_many):
+                found = get_many(keys)
+                return [found[key] for key in keys if key in found]
+            return [entry for key in keys if (entry := self.ledger.get(key)) is not None]
+        except Exception:  # the report must still be made; the ledger keeps the truth
+            return []
+
     def _elapsed(self) -> int:
         return max(0, int(self._now() - self._start))
 
@@ -783,14 +790,7 @@ class Guard:
                 "fingerprint": fp,
                 "operation_key": call.operation_key,
             }
-        operations: list[Operation] = []
-        for key in self._touched:
-            try:
-                entry = self.ledger.get(key)
-            except Exception:  # the report must still be made; the ledger keeps the truth
-                entry = None
-            if entry is not None:
-                operations.append(entry)
+        operations = self._operations()
         self._report = Report(
             state=state,
             reason=reason,

@@ -67,6 +67,9 @@ class Ledger(Protocol):
         """The entry for ``key``, if any (a read; decides nothing)."""
         ...
 
+    # A ledger may also offer ``get_many(keys) -> dict[str, Operation]``: the guard uses
+    # it, when present, to read every operation of a stop report at once.
+
     def claim(self, key: str, fingerprint: str) -> Claim:
         """Take ``key`` for one execution of ``fingerprint``.
 
@@ -110,6 +113,11 @@ class InMemoryLedger:
         """The entry for ``key``, if any."""
         with self._lock:
             return self._entries.get(key)
+
+    def get_many(self, keys: list[str]) -> dict[str, Operation]:
+        """The entries for ``keys`` that exist."""
+        with self._lock:
+            return {key: self._entries[key] for key in keys if key in self._entries}
 
     def claim(self, key: str, fingerprint: str) -> Claim:
         """Atomically take ``key`` for one execution (see :class:`Ledger`)."""

@@ -124,6 +124,16 @@ class Limits:
             raise TypeError("Limits.exempt must be a collection of tool names")
         object.__setattr__(self, "exempt", frozenset(self.exempt))
 
+    def remaining(self, used: Usage) -> dict[str, int | None]:
+        """Budget left per dimension after ``used`` (``None``: that dimension is unbounded)."""
+        return {
+            "model_calls": max(0, self.model_calls - used.model_calls),
+            "requests": max(0, self.requests - used.requests),
+            "executions": max(0, self.executions - used.executions),
+            "tokens": None if self.tokens is None else max(0, self.tokens - used.tokens),
+            "deadline_ms": max(0, self.deadline_ms - used.elapsed_ms),
+        }
+
 
 def _require_count(name: str, value: object, *, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
