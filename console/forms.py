@@ -83,7 +83,12 @@ class StartForm(forms.Form):
         help_text="Budgets to override, a JSON object, e.g. {\"model_calls\": 10}. "
         "Known: " + ", ".join(LIMIT_FIELDS),
     )
-    reason = forms.CharField(max_length=4000, required=False, help_text="Optional note.")
+    reason = forms.CharField(
+        max_length=4000,
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Optional: why you start it (goes to the audit log).",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

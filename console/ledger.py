@@ -37,15 +37,16 @@ class LeaseLost(RuntimeError):
 
 # One statement decides the claim. The WHERE of DO UPDATE makes the reclaim of a
 # NOT_COMMITTED key a compare-and-set; any other existing row is left as it is and no
-# row comes back.
+# row comes back. Portable SQL (SQLite 3.35+ has upsert and RETURNING): the time is a
+# parameter, since SQLite has no now().
 _CLAIM = """
 INSERT INTO console_operation
     (key, fingerprint, state, tool, task_id, args_preview, result, attempts, evidence,
      claimed_at, updated_at)
-VALUES (%s, %s, 'IN_FLIGHT', %s, %s, %s, NULL, 1, '', now(), now())
+VALUES (%s, %s, 'IN_FLIGHT', %s, %s, %s, NULL, 1, '', %s, %s)
 ON CONFLICT (key) DO UPDATE
     SET state = 'IN_FLIGHT', attempts = console_operation.attempts + 1,
-        task_id = EXCLUDED.task_id, result = NULL, updated_at = now()
+        task_id = EXCLUDED.task_id, result = NULL, updated_at = EXCLUDED.updated_at
     WHERE console_operation.state = 'NOT_COMMITTED'
       AND console_operation.fingerprint = EXCLUDED.fingerprint
 RETURNING id, attempts
@@ -163,9 +164,13 @@ class DatabaseLedger:
         if connection.vendor == "postgresql":
             return self._claim_pg(key, fingerprint)
         tool, args = self._described.get(key, ("", ""))
+        # Stored the way the ORM stores it (SQLite compares times as text).
+        now = connection.ops.adapt_datetimefield_value(timezone.now())
+        # On SQLite the transaction begins IMMEDIATE (settings): it holds the database's
+        # write lock from the gate to the claim, so the stop service's update waits for
+        # it, as it waits for the share lock on PostgreSQL. A stop is either visible here
+        # or lands after the claim it could not prevent.
         with transaction.atomic(), connection.cursor() as cursor:
-            # The stop service updates this row, so it waits for this share lock: a stop
-            # is either visible here or lands after the claim it could not prevent.
             cursor.execute(_GATE_PG if connection.vendor == "postgresql" else _GATE, [self.task_id])
             gate = cursor.fetchone()
             if gate is None:
@@ -175,7 +180,7 @@ class DatabaseLedger:
                 raise StopRecorded(f"task {self.task_id} is stopping")
             if lease_owner != self.owner:
                 raise LeaseLost(f"task {self.task_id} is driven by {lease_owner or 'nobody'}")
-            cursor.execute(_CLAIM, [key, fingerprint, tool, self.task_id, args])
+            cursor.execute(_CLAIM, [key, fingerprint, tool, self.task_id, args, now, now])
             claimed = cursor.fetchone()
             row = Operation.objects.get(key=key)
             if claimed is not None:

@@ -276,6 +276,11 @@ class StopReport(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["task", "phase"], name="stop_report_per_phase"),
         ]
+        indexes = [
+            # /metrics' stops by state and reason: an index-only scan instead of reading
+            # every report's JSON on each scrape.
+            models.Index(fields=["state", "reason"], name="stop_report_state_reason"),
+        ]
 
     def __str__(self) -> str:
         return f"task {self.task_id} phase {self.phase}: {self.state}/{self.reason}"

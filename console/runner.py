@@ -47,6 +47,7 @@ from guard import (
 
 from .agents import Agent, Tool, agent_class
 from .ledger import DatabaseLedger, LeaseLost, entry_of
+from .logs import task_context
 from .models import (
     Decision,
     EventKind,
@@ -161,7 +162,7 @@ def finish_task(
         kind=EventKind.STOP,
         decision="",
         reason=reason,
-        detail=f"{state}/{reason}" + (f": {detail}" if detail else ""),
+        detail=f"{state}" + (f": {detail}" if detail else ""),
     )
     logger.info("task %s stopped %s/%s %s", task.id, state, reason, detail)
 
@@ -259,7 +260,11 @@ def drive(task_id: int, *, owner: str | None = None) -> str:
 
     Returns a short description of what happened, for the worker's log.
     """
-    owner = owner or new_owner()
+    with task_context(task_id):  # every log line of this run says task=<id>
+        return _drive(task_id, owner or new_owner())
+
+
+def _drive(task_id: int, owner: str) -> str:
     acquired = _acquire(task_id, owner)
     if isinstance(acquired, str):
         logger.info("task %s: %s", task_id, acquired)
@@ -569,7 +574,8 @@ class _Driver:
             usage.elapsed_ms,
             guard.revision,
             first_seq + len(events),
-            timezone.now(),
+            # As the ORM stores it: SQLite keeps times as text and compares them as text.
+            connection.ops.adapt_datetimefield_value(timezone.now()),
         ]
         if checkpoint:
             params.append(_CHECKPOINT_FIELD.get_db_prep_save(self._checkpoint(), connection))

@@ -13,6 +13,8 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
+from console.logs import logging_config
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -97,12 +99,46 @@ DEBUG = env_bool("DJANGO_DEBUG", default=True)
 # The insecure key exists only so that a first run works; without DEBUG a real key is required.
 _DEV_SECRET_KEY = "django-insecure-loopguard-development-only"  # noqa: S105
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", _DEV_SECRET_KEY if DEBUG else None)
+# Sessions and CSRF tokens are signed with it: a placeholder copied from .env.example, the
+# development key or a short one must not reach production (50 is Django's own minimum).
+if not DEBUG and (SECRET_KEY.startswith(("change-me", "django-insecure")) or len(SECRET_KEY) < 50):
+    raise ImproperlyConfigured(
+        "DJANGO_SECRET_KEY must be a real secret of 50+ characters when DEBUG is off; make one "
+        "with: python3 -c 'import secrets; print(secrets.token_urlsafe(50))'"
+    )
 
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+# Origins (https://console.example.com) trusted for POSTs when the browser's Origin differs
+# from what Django sees, e.g. TLS ends at a proxy that does not send X-Forwarded-Proto.
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+# Standalone mode: a first look on one machine with nothing installed but Python. The same
+# code runs on SQLite and on a broker kept in folders (kombu's filesystem transport), both
+# under LOOPGUARD_DATA_DIR (git-ignored). `manage.py up` turns it on by itself when
+# PostgreSQL or Redis does not answer; a sqlite:/// DATABASE_URL with
+# CELERY_BROKER_URL=filesystem:// is the same thing spelt out.
+LOOPGUARD_STANDALONE = env_bool("LOOPGUARD_STANDALONE", False)
+LOOPGUARD_DATA_DIR = Path(env_str("LOOPGUARD_DATA_DIR", str(BASE_DIR / ".loopguard")))
 
 DATABASES = {
-    "default": env_database("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
+    "default": env_database("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/loopguard"),
 }
+if LOOPGUARD_STANDALONE and DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":
+    DATABASES["default"] = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(LOOPGUARD_DATA_DIR / "loopguard.sqlite3"),
+    }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several processes write (web, worker children, beat's sweep). WAL lets readers go on
+    # while one writes; IMMEDIATE takes the write lock when a transaction begins, so writers
+    # queue for it (up to the timeout, in seconds) instead of failing when a transaction
+    # that began by reading tries to write. That queueing is what keeps the ledger's
+    # gate-and-claim transaction atomic without row locks.
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_redis_url("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -183,15 +219,25 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
-SESSION_COOKIE_SECURE = not DEBUG
-CSRF_COOKIE_SECURE = not DEBUG
+# -- HTTPS (see docs/settings.md) ----------------------------------------------------------
+# Cookies are Secure (sent over https only; browsers count http://localhost as secure) unless
+# DEBUG. The rest depends on where TLS ends, so each is a switch, and none applies with DEBUG.
+_SECURE_COOKIES = env_bool("DJANGO_SECURE_COOKIES", not DEBUG)
+SESSION_COOKIE_SECURE = _SECURE_COOKIES
+CSRF_COOKIE_SECURE = _SECURE_COOKIES
+# Trust X-Forwarded-Proto only behind a proxy that sets it (and drops the client's own):
+# otherwise any client could claim to be on https.
+if not DEBUG and env_bool("DJANGO_SECURE_PROXY_SSL_HEADER", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = not DEBUG and env_bool("DJANGO_SECURE_SSL_REDIRECT", False)
+# Health checks and Prometheus call from inside the network over plain http.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+SECURE_HSTS_SECONDS = 0 if DEBUG else env_int("DJANGO_SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env_str("DJANGO_LOG_LEVEL", "INFO")},
-}
+# One line per event, with time, process and task id (console/logs.py; gunicorn uses it too).
+LOGGING = logging_config(env_str("DJANGO_LOG_LEVEL", "INFO"))
 
 # -- LoopGuard ------------------------------------------------------------------------------
 
@@ -236,6 +282,12 @@ LOOPGUARD_MAX_RECOVERIES = env_int("LOOPGUARD_MAX_RECOVERIES", 3)
 # The same agent and input started more than this many times inside the window is held.
 LOOPGUARD_RESTART_LIMIT = env_int("LOOPGUARD_RESTART_LIMIT", 3)
 LOOPGUARD_RESTART_WINDOW_SECONDS = env_int("LOOPGUARD_RESTART_WINDOW_SECONDS", 600)
+# The bearer token Prometheus sends to /metrics. Unset, /metrics answers loopback clients only.
+LOOPGUARD_METRICS_TOKEN = env_str("LOOPGUARD_METRICS_TOKEN", "")
+if LOOPGUARD_METRICS_TOKEN and (
+    len(LOOPGUARD_METRICS_TOKEN) < 16 or LOOPGUARD_METRICS_TOKEN.startswith("change-me")
+):
+    raise ImproperlyConfigured("LOOPGUARD_METRICS_TOKEN must be a secret of 16+ characters")
 
 # -- Celery ---------------------------------------------------------------------------------
 # Why these values: a task message only carries a task id, and the runner's lease makes a
@@ -246,13 +298,33 @@ LOOPGUARD_RESTART_WINDOW_SECONDS = env_int("LOOPGUARD_RESTART_WINDOW_SECONDS", 6
 # redelivery; the beat sweep recovers crashed runs on its own much sooner, so the timeout
 # only needs to exceed the longest task we expect to run in one go.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+if LOOPGUARD_STANDALONE and urlsplit(CELERY_BROKER_URL).scheme != "filesystem":
+    CELERY_BROKER_URL = "filesystem://"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
     "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600),
 }
+LOOPGUARD_BROKER_DIR = LOOPGUARD_DATA_DIR / "broker"
+if urlsplit(CELERY_BROKER_URL).scheme == "filesystem":
+    # A message is a file. Producers write into the folder consumers read from, so "in"
+    # and "out" are one folder. A consumer takes a message by renaming it into
+    # "processed" (atomic on one file system, so two workers cannot both take it; the
+    # folder is emptied when `manage.py up` starts). Folders are polled: 0.25 s keeps a
+    # started task's latency low at the cost of a directory listing.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(LOOPGUARD_BROKER_DIR / "messages"),
+        "data_folder_out": str(LOOPGUARD_BROKER_DIR / "messages"),
+        "control_folder": str(LOOPGUARD_BROKER_DIR / "control"),
+        "store_processed": True,
+        "processed_folder": str(LOOPGUARD_BROKER_DIR / "processed"),
+        "polling_interval": 0.25,
+    }
+    # Remote control (celery inspect/control) broadcasts through fanout files nobody
+    # here reads; the console does not use it.
+    CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "loopguard")
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
@@ -262,8 +334,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": LOOPGUARD_SWEEP_SECONDS,
     },
 }
-# Beat keeps its last-run times in a file; outside the source tree.
+# Beat keeps its last-run times in a file; outside the source tree (standalone mode: in
+# LOOPGUARD_DATA_DIR, which is git-ignored).
 CELERY_BEAT_SCHEDULE_FILENAME = env_str(
     "CELERY_BEAT_SCHEDULE_FILENAME",
-    str(Path(os.environ.get("TMPDIR", "/tmp")) / "loopguard-celerybeat-schedule"),  # noqa: S108
+    str(LOOPGUARD_DATA_DIR / "celerybeat-schedule")
+    if LOOPGUARD_STANDALONE
+    else str(Path(os.environ.get("TMPDIR", "/tmp")) / "loopguard-celerybeat-schedule"),  # noqa: S108
 )

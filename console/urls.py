@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from console import views
+from console import metrics, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -22,5 +22,6 @@ urlpatterns = [
     path("login", auth_views.LoginView.as_view(), name="login"),
     path("logout", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", metrics.metrics, name="metrics"),
     path("api/", include("console.api")),
 ]

@@ -10,9 +10,12 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import os
 from collections.abc import Callable, Iterator
 from functools import wraps
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 from django.conf import settings
@@ -35,7 +38,9 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from django_htmx.http import HttpResponseStopPolling
+from django_htmx.http import HttpResponseClientRefresh, HttpResponseStopPolling
+
+from guard import RESUME_CONDITIONS, Reason
 
 from . import selectors, services
 from .agents import UnknownAgent, agent_class
@@ -138,10 +143,11 @@ def task_live(request: HttpRequest, task_id: int) -> HttpResponse:
     last_seq = events[-1].seq if events else after
     context = {"d": detail, "new_events": events, "last_seq": last_seq, "live": True}
     context["can"] = {cap.value: True for cap in capabilities_of(request.user)}
-    response = render(request, "console/task.html#live", context)
-    if detail.task.is_terminal and not events:
-        response.status_code = HttpResponseStopPolling.status_code
-    return response
+    if detail.task.is_terminal:
+        # It has just stopped: load the whole page once, with its stop report, phases and
+        # audit trail; that page has no poller, so the polling ends here.
+        return HttpResponseClientRefresh()
+    return render(request, "console/task.html#live", context)
 
 
 @require_GET
@@ -210,10 +216,16 @@ def task_resume(request: HttpRequest, task_id: int) -> HttpResponse:
             )
     budget = services.BUDGET_REASONS.get(detail.task.reason, "")
     uncertain = [op for op in detail.operations if op.state in ("UNKNOWN", "IN_FLIGHT")]
+    # The stop report's condition was written when the task stopped; whether a write is
+    # still uncertain is decided now.
+    condition = detail.reports[0].report.get("resume_condition", "") if detail.reports else ""
+    if not uncertain and detail.task.reason in {reason.value for reason in Reason}:
+        condition = RESUME_CONDITIONS[Reason(detail.task.reason)]
     return _page(
         request,
         "console/resume.html",
-        {"d": detail, "form": form, "budget": budget, "uncertain": uncertain},
+        {"d": detail, "form": form, "budget": budget, "uncertain": uncertain,
+         "condition": condition},
     )
 
 
@@ -425,7 +437,7 @@ REDIS_TIMEOUT_S = 2.0
 
 
 def database_is_up() -> bool:
-    """Return whether PostgreSQL answers `SELECT 1`."""
+    """Return whether the database (PostgreSQL, or SQLite standalone) answers `SELECT 1`."""
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
@@ -435,10 +447,10 @@ def database_is_up() -> bool:
         return False
 
 
-def redis_is_up() -> bool:
-    """Return whether Redis answers PING."""
+def redis_is_up(url: str) -> bool:
+    """Return whether the Redis at ``url`` answers PING."""
     client = redis.Redis.from_url(
-        settings.REDIS_URL,
+        url,
         socket_connect_timeout=REDIS_TIMEOUT_S,
         socket_timeout=REDIS_TIMEOUT_S,
     )
@@ -451,16 +463,35 @@ def redis_is_up() -> bool:
         client.close()
 
 
+def broker_folders_are_up() -> bool:
+    """Return whether the filesystem broker's folders exist and this process can write them."""
+    options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    folders = {Path(str(options[name])) for name in ("data_folder_in", "data_folder_out")}
+    missing = [str(f) for f in folders if not (f.is_dir() and os.access(f, os.W_OK | os.X_OK))]
+    if missing:
+        logger.error("healthz: broker folder(s) missing or not writable: %s", ", ".join(missing))
+    return not missing
+
+
+def broker_check() -> tuple[str, bool]:
+    """The configured broker's name in the health answer, and whether it is reachable."""
+    if urlsplit(settings.CELERY_BROKER_URL).scheme == "filesystem":
+        return "broker", broker_folders_are_up()
+    return "redis", redis_is_up(settings.CELERY_BROKER_URL)
+
+
 @login_not_required
 @never_cache
 @require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
-    """Answer 200 when the database and Redis both respond, 503 otherwise.
+    """Answer 200 when the database and the broker both respond, 503 otherwise.
 
-    Only "ok"/"down" per dependency is shown: error details go to the log, not to whoever
-    can reach this URL.
+    The broker is Redis (shown as ``redis``) or, in standalone mode, kombu's filesystem
+    transport (``broker``: its folders are there and writable). Only "ok"/"down" per
+    dependency is shown: error details go to the log, not to whoever can reach this URL.
     """
-    checks = {"database": database_is_up(), "redis": redis_is_up()}
+    broker, broker_up = broker_check()
+    checks = {"database": database_is_up(), broker: broker_up}
     healthy = all(checks.values())
     return JsonResponse(
         {

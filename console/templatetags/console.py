@@ -60,6 +60,12 @@ def gauge_value(gauge: Any) -> str:
     return f"{gauge.used:,} / {limit}"
 
 
+@register.filter
+def compact_json(value: Any) -> str:
+    """One-line JSON text (escaped by the template like any other text)."""
+    return json.dumps(value, ensure_ascii=False, default=str, separators=(", ", ": "))
+
+
 @register.filter(name="json")
 def as_json(value: Any) -> str:
     """Pretty JSON text (the template escapes it like any other text)."""

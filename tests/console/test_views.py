@@ -1325,9 +1325,11 @@ def test_the_live_view_with_nothing_new_returns_no_rows_and_keeps_polling(
     assert f'hx-get="/tasks/{task.id}/live?after=2" {POLLER}' in html
 
 
-def test_the_live_view_delivers_the_stop_row_and_drops_the_poller_when_the_task_stops(
+def test_the_live_view_reloads_the_whole_page_once_the_task_stops(
     signed_in: SignIn, world: World
 ) -> None:
+    # The stop report, phases and audit trail appear only on the whole page: when the
+    # task stops, the live view asks htmx for one reload, and that page has no poller.
     task = _run(world.queued)
     _add_events(task, 2)
     _finish(task, "PARTIAL", "no_progress")
@@ -1335,19 +1337,17 @@ def test_the_live_view_delivers_the_stop_row_and_drops_the_poller_when_the_task_
     response = signed_in("viewer").get(f"/tasks/{task.id}/live?after=2")
 
     assert response.status_code == 200
-    html = _html(response)
-    assert _rows(html) == [3]
-    assert "PARTIAL" in html  # the status region is swapped in with the new state
-    assert POLLER not in html
+    assert response["HX-Refresh"] == "true"
+    assert POLLER not in _html(response)
+    page = _html(signed_in("viewer").get(f"/tasks/{task.id}/"))
+    assert "PARTIAL" in page and "no_progress" in page
+    assert POLLER not in page
 
 
-def test_the_live_view_of_a_finished_task_with_nothing_new_stops_polling(
-    signed_in: SignIn, world: World
-) -> None:
-    response = signed_in("viewer").get(f"/tasks/{world.stopped.id}/live?after=1")
+def test_the_live_view_of_a_task_that_is_gone_stops_polling(signed_in: SignIn) -> None:
+    response = signed_in("viewer").get("/tasks/987654/live?after=1")
 
     assert response.status_code == STOP_POLLING
-    assert POLLER not in _html(response)
 
 
 def test_a_finished_task_page_does_not_poll(signed_in: SignIn, world: World) -> None:

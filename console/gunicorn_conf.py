@@ -1,0 +1,14 @@
+"""gunicorn's settings for the console: ``gunicorn -c python:console.gunicorn_conf console.wsgi``.
+
+Only logging lives here: gunicorn's own lines (start-up, workers, one access line per
+request) come out in LoopGuard's one-line format (console/logs.py), like Django's and
+Celery's. Bind address, workers and timeouts are given on the command line.
+"""
+
+import os
+
+from console.logs import logging_config
+
+logconfig_dict = logging_config(os.environ.get("DJANGO_LOG_LEVEL", "").strip() or "INFO")
+# Client, request line, status, bytes, duration.
+access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(M)sms'

@@ -1,0 +1,288 @@
+"""Prometheus metrics at ``/metrics``, in the text exposition format (version 0.0.4).
+
+Every value is read from the database when Prometheus scrapes, with four aggregate queries,
+whatever the number of tasks. So every web process answers the same, a restart loses
+nothing, and workers need no metrics port of their own. That is also why this is written
+by hand rather than with ``prometheus_client``: its registries keep values in process
+memory, which gunicorn's several processes would each hold a part of.
+
+Access: with ``LOOPGUARD_METRICS_TOKEN`` set, a scraper must send
+``Authorization: Bearer <token>``; without it, only loopback clients are answered.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_not_required
+from django.db.models import Count, Q, Sum
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from .models import EventKind, Operation, OperationState, StopReport, Task, TaskState, TraceEvent
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CHALLENGE = 'Bearer realm="loopguard-metrics"'
+LATENCY_WINDOW = timedelta(hours=1)
+# Upper bounds of the step latency buckets, in milliseconds (trace events store whole ms):
+# from a cached read to a slow model call.
+LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000)
+LATENCY_KINDS = (EventKind.MODEL_CALL.value, EventKind.REQUEST.value)
+SPENT = ("model_calls", "requests", "executions", "tokens")
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Step latencies of one kind of trace event: a count per bucket (cumulative), sum, count."""
+
+    buckets: tuple[int, ...]
+    count: int
+    sum_ms: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything ``/metrics`` shows, read at one moment."""
+
+    tasks: dict[str, int]
+    tasks_lease_expired: int
+    spent: dict[str, dict[str, int]]  # budget dimension -> agent -> total
+    operations_unknown: int
+    operations_in_flight: int
+    operations_in_flight_lease_expired: int
+    stops: dict[tuple[str, str], int]  # (state, reason) -> stop reports
+    latency: dict[str, Latency]  # event kind -> latencies
+
+
+def snapshot() -> Snapshot:
+    """Read the metrics: four aggregate queries, each returning one row per group."""
+    now = timezone.now()
+    tasks, tasks_lease_expired, spent = _tasks(now)
+    unknown, in_flight, stranded = _operations(now)
+    return Snapshot(
+        tasks=tasks,
+        tasks_lease_expired=tasks_lease_expired,
+        spent=spent,
+        operations_unknown=unknown,
+        operations_in_flight=in_flight,
+        operations_in_flight_lease_expired=stranded,
+        stops=_stops(),
+        latency=_latency(now - LATENCY_WINDOW),
+    )
+
+
+def _tasks(now: datetime) -> tuple[dict[str, int], int, dict[str, dict[str, int]]]:
+    """Tasks by state, running ones with an expired lease, and budgets spent by agent."""
+    tasks = dict.fromkeys(TaskState.values, 0)
+    spent: dict[str, dict[str, int]] = {name: {} for name in SPENT}
+    expired = 0
+    rows: Iterable[Mapping[str, Any]] = (
+        Task.objects.values("agent", "state")
+        .annotate(
+            n=Count("id"),
+            expired=Count("id", filter=Q(state=TaskState.RUNNING, lease_expires_at__lt=now)),
+            **{name: Sum(name) for name in SPENT},
+        )
+        .order_by()
+    )
+    for row in rows:
+        tasks[row["state"]] = tasks.get(row["state"], 0) + row["n"]
+        expired += row["expired"]
+        for name in SPENT:
+            by_agent = spent[name]
+            by_agent[row["agent"]] = by_agent.get(row["agent"], 0) + int(row[name] or 0)
+    return tasks, expired, spent
+
+
+def _operations(now: datetime) -> tuple[int, int, int]:
+    """Unknown, in-flight, and in-flight operations whose task's lease ran out."""
+    in_flight = Q(state=OperationState.IN_FLIGHT)
+    # Only unsettled operations: the reconciliation queue's partial index serves this.
+    counts = Operation.objects.filter(
+        state__in=[OperationState.UNKNOWN, OperationState.IN_FLIGHT]
+    ).aggregate(
+        unknown=Count("id", filter=Q(state=OperationState.UNKNOWN)),
+        in_flight=Count("id", filter=in_flight),
+        # Its driver is gone (or the task holds no lease at all): the beat sweep turns these
+        # UNKNOWN within a sweep period, so one that stays means no sweep is running.
+        stranded=Count(
+            "id",
+            filter=in_flight
+            & (Q(task__lease_expires_at__lt=now) | Q(task__lease_expires_at__isnull=True)),
+        ),
+    )
+    return counts["unknown"], counts["in_flight"], counts["stranded"]
+
+
+def _stops() -> dict[tuple[str, str], int]:
+    """Stop reports (one per stopped phase) by state and reason; history, so only grows."""
+    rows = StopReport.objects.values("state", "reason").annotate(n=Count("id")).order_by()
+    return {(row["state"], row["reason"]): row["n"] for row in rows}
+
+
+def _latency(since: datetime) -> dict[str, Latency]:
+    """Latencies of model calls and tool requests recorded since ``since``, bucketed."""
+    buckets = {f"le_{ms}": Count("id", filter=Q(latency_ms__lte=ms)) for ms in LATENCY_BUCKETS_MS}
+    latency = {kind: Latency(tuple(0 for _ in LATENCY_BUCKETS_MS), 0, 0) for kind in LATENCY_KINDS}
+    rows: Iterable[Mapping[str, Any]] = (
+        TraceEvent.objects.filter(at__gte=since, latency_ms__isnull=False, kind__in=LATENCY_KINDS)
+        .values("kind")
+        .annotate(n=Count("id"), total=Sum("latency_ms"), **buckets)
+        .order_by()
+    )
+    for row in rows:
+        latency[row["kind"]] = Latency(
+            buckets=tuple(row[f"le_{ms}"] for ms in LATENCY_BUCKETS_MS),
+            count=row["n"],
+            sum_ms=int(row["total"] or 0),
+        )
+    return latency
+
+
+# -- the text format ---------------------------------------------------------------------------
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _sample(name: str, value: float, **labels: str) -> str:
+    text = ",".join(f'{key}="{_escape_label(val)}"' for key, val in labels.items())
+    number = repr(value) if isinstance(value, float) else str(value)
+    return f"{name}{{{text}}} {number}" if text else f"{name} {number}"
+
+
+def _family(name: str, kind: str, help: str, samples: Iterable[str]) -> list[str]:
+    return [f"# HELP {name} {help}", f"# TYPE {name} {kind}", *samples]
+
+
+def _gauge(name: str, help: str, value: int) -> list[str]:
+    return _family(name, "gauge", help, [_sample(name, value)])
+
+
+def render(snap: Snapshot) -> str:
+    """The snapshot in Prometheus' text format."""
+    lines = _family(
+        "loopguard_tasks",
+        "gauge",
+        "Tasks by state.",
+        (_sample("loopguard_tasks", n, state=state) for state, n in sorted(snap.tasks.items())),
+    )
+    lines += _gauge(
+        "loopguard_tasks_lease_expired",
+        "Running tasks whose driver's lease ran out (the beat sweep recovers them).",
+        snap.tasks_lease_expired,
+    )
+    lines += _gauge(
+        "loopguard_operations_unknown",
+        "Write operations whose commit state is unknown, waiting for reconciliation.",
+        snap.operations_unknown,
+    )
+    lines += _gauge(
+        "loopguard_operations_in_flight",
+        "Write operations executing now.",
+        snap.operations_in_flight,
+    )
+    lines += _gauge(
+        "loopguard_operations_in_flight_lease_expired",
+        "In-flight write operations whose task's driver lost its lease (the sweep makes them"
+        " UNKNOWN; one that stays means no sweep runs).",
+        snap.operations_in_flight_lease_expired,
+    )
+    lines += _family(
+        "loopguard_stops_total",
+        "counter",
+        "Phases stopped, by terminal state and reason.",
+        (
+            _sample("loopguard_stops_total", n, state=state, reason=reason)
+            for (state, reason), n in sorted(snap.stops.items())
+        ),
+    )
+    for name in SPENT:
+        metric = f"loopguard_{name}"
+        lines += _family(
+            metric,
+            "gauge",
+            f"{name.replace('_', ' ').capitalize()} spent by all tasks, by agent. A gauge, not a"
+            " counter: a driver counts the next step ahead and corrects it when the task stops.",
+            (
+                _sample(metric, total, agent=agent)
+                for agent, total in sorted(snap.spent[name].items())
+            ),
+        )
+    metric = "loopguard_step_latency_seconds"
+    samples: list[str] = []
+    for kind in LATENCY_KINDS:
+        lat = snap.latency[kind]
+        for ms, n in zip(LATENCY_BUCKETS_MS, lat.buckets, strict=True):
+            samples.append(_sample(f"{metric}_bucket", n, kind=kind, le=f"{ms / 1000:g}"))
+        samples.append(_sample(f"{metric}_bucket", lat.count, kind=kind, le="+Inf"))
+        samples.append(_sample(f"{metric}_sum", lat.sum_ms / 1000, kind=kind))
+        samples.append(_sample(f"{metric}_count", lat.count, kind=kind))
+    lines += _family(
+        metric,
+        "histogram",
+        "Latency of model calls and tool requests over the last hour (a moving window: use"
+        " histogram_quantile on the buckets themselves, not on rate()).",
+        samples,
+    )
+    return "\n".join(lines) + "\n"
+
+
+# -- the view ----------------------------------------------------------------------------------
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def _refusal(request: HttpRequest) -> HttpResponse | None:
+    """Why this request may not read the metrics, as a response; None if it may."""
+    token: str = settings.LOOPGUARD_METRICS_TOKEN
+    if token:
+        scheme, _, given = request.META.get("HTTP_AUTHORIZATION", "").strip().partition(" ")
+        # Compared in constant time: the token is a shared secret.
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode(), token.encode()
+        ):
+            return None
+        refused = HttpResponse(
+            "send Authorization: Bearer <LOOPGUARD_METRICS_TOKEN>\n",
+            status=401,
+            content_type="text/plain; charset=utf-8",
+        )
+        refused["WWW-Authenticate"] = CHALLENGE
+        return refused
+    if _is_loopback(request.META.get("REMOTE_ADDR", "")):
+        return None
+    return HttpResponse(
+        "metrics are served to loopback clients only; set LOOPGUARD_METRICS_TOKEN to scrape"
+        " from elsewhere\n",
+        status=403,
+        content_type="text/plain; charset=utf-8",
+    )
+
+
+@login_not_required
+@never_cache
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus scrape endpoint (see the module docstring for who may read it)."""
+    refused = _refusal(request)
+    if refused is not None:
+        return refused
+    return HttpResponse(render(snapshot()), content_type=CONTENT_TYPE)
