@@ -110,9 +110,16 @@ class Task(models.Model):
         ]
         indexes = [
             # Task list, newest first, optionally by state.
-            models.Index(fields=["-created_at"], name="task_created"),
-            models.Index(fields=["state", "-created_at"], name="task_state_created"),
-            models.Index(fields=["agent", "-created_at"], name="task_agent_created"),
+            # The same order as the list (created_at, then id): no sort step.
+            models.Index(fields=["-created_at", "-id"], name="task_created"),
+            models.Index(fields=["state", "-created_at", "-id"], name="task_state_created"),
+            models.Index(fields=["agent", "-created_at", "-id"], name="task_agent_created"),
+            # Dashboard "recently stopped" and its counts of what finished lately.
+            models.Index(
+                fields=["-finished_at", "state"],
+                condition=Q(finished_at__isnull=False) & ~Q(state="NEEDS_HUMAN"),
+                name="task_recently_stopped",
+            ),
             # Dashboard "needs a human now", oldest first.
             models.Index(
                 fields=["updated_at"], condition=Q(state="NEEDS_HUMAN"), name="task_needs_human"

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.paginator import Page, Paginator
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
@@ -28,7 +29,9 @@ from .models import (
 
 TASKS_PER_PAGE = 50
 AUDIT_PER_PAGE = 100
-TRACE_WINDOW = 200  # events shown at once on a task page; older ones are a link away
+TRACE_WINDOW = 100  # events shown at once on a task page; older ones are a link away
+QUEUE_LIMIT = 50  # uncertain operations shown at once, oldest first
+RECENT = timedelta(hours=24)  # the dashboard counts finished tasks over this window
 BUDGETS = ("model_calls", "requests", "executions", "tokens", "elapsed_ms")
 _LIMIT_OF = {"elapsed_ms": "deadline_ms"}
 
@@ -70,6 +73,7 @@ def gauges(task: Task) -> list[Gauge]:
 @dataclass
 class Dashboard:
     counts: dict[str, int]
+    """QUEUED, RUNNING and NEEDS_HUMAN: all of them; the other states: finished in ``RECENT``."""
     needs_human: list[Task]
     uncertain: list[Operation]
     running: list[Task]
@@ -79,7 +83,22 @@ class Dashboard:
 def dashboard(*, limit: int = 15) -> Dashboard:
     """What an operator needs at a glance; a fixed handful of queries."""
     counts = {state: 0 for state in TaskState.values}
-    for row in Task.objects.values("state").annotate(n=Count("id")).order_by():
+    # Counting every task ever would scan the whole table on each refresh: what waits is
+    # counted exactly (index-only on task_state_created), what finished over a window
+    # (index-only on task_recently_stopped).
+    waiting = [TaskState.QUEUED, TaskState.RUNNING, TaskState.NEEDS_HUMAN]
+    for row in (
+        Task.objects.filter(state__in=waiting).values("state").annotate(n=Count("id")).order_by()
+    ):
+        counts[row["state"]] = row["n"]
+    finished = (
+        Task.objects.filter(finished_at__gte=timezone.now() - RECENT)
+        .exclude(state=TaskState.NEEDS_HUMAN)
+        .values("state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for row in finished:
         counts[row["state"]] = row["n"]
     needs_human = list(
         Task.objects.filter(state=TaskState.NEEDS_HUMAN).order_by("updated_at")[:limit]
@@ -203,8 +222,8 @@ def task_page(filters: TaskFilters, number: Any) -> Page[Task]:
 
 
 def agent_choices() -> list[str]:
-    """Agent names that have tasks, for the filter (an indexed scan)."""
-    return list(Task.objects.order_by("agent").values_list("agent", flat=True).distinct())
+    """Agent names for the filter: the registered ones (no query)."""
+    return sorted(settings.LOOPGUARD_AGENTS)
 
 
 @dataclass
@@ -241,6 +260,28 @@ def task_detail(task_id: int, *, before: int | None = None) -> TaskDetail | None
     )
 
 
+@dataclass
+class TaskLive:
+    """What one tick of a task page's live view needs, and no more."""
+
+    task: Task
+    gauges: list[Gauge]
+    operations: list[Operation]
+    events: list[TraceEvent]
+
+
+def task_live(task_id: int, *, after: int) -> TaskLive | None:
+    task = Task.objects.filter(id=task_id).first()
+    if task is None:
+        return None
+    return TaskLive(
+        task=task,
+        gauges=gauges(task),
+        operations=list(task.operations.order_by("claimed_at", "id")),
+        events=trace(task.id, after=after),
+    )
+
+
 def trace(
     task_id: int, *, after: int | None = None, before: int | None = None
 ) -> list[TraceEvent]:
@@ -261,20 +302,25 @@ def latest_report(task: Task) -> StopReport | None:
 # -- operations --------------------------------------------------------------------------------
 
 
-def reconciliation_queue(*, limit: int | None = None) -> list[Operation]:
+def reconciliation_count() -> int:
+    """How many operations the reconciliation queue holds in all."""
+    return _unsettled().count()
+
+
+def reconciliation_queue(*, limit: int | None = QUEUE_LIMIT) -> list[Operation]:
     """Every write whose commit state a human must settle, oldest first: ``UNKNOWN`` ones,
     and ``IN_FLIGHT`` ones whose driver's lease has expired."""
-    now = timezone.now()
-    qs = (
-        Operation.objects.filter(
-            Q(state=OperationState.UNKNOWN)
-            | Q(state=OperationState.IN_FLIGHT)
-            & (~Q(task__state=TaskState.RUNNING) | Q(task__lease_expires_at__lt=now))
-        )
-        .select_related("task")
-        .order_by("updated_at", "id")
-    )
+    qs = _unsettled().select_related("task").order_by("updated_at", "id")
     return list(qs[:limit] if limit else qs)
+
+
+def _unsettled() -> QuerySet[Operation]:
+    now = timezone.now()
+    return Operation.objects.filter(
+        Q(state=OperationState.UNKNOWN)
+        | Q(state=OperationState.IN_FLIGHT)
+        & (~Q(task__state=TaskState.RUNNING) | Q(task__lease_expires_at__lt=now))
+    )
 
 
 def operation(key: str) -> Operation | None:

@@ -135,15 +135,14 @@ def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
 @requires(Capability.READ)
 def task_live(request: HttpRequest, task_id: int) -> HttpResponse:
     """One tick of a task page's live view: new trace rows, gauges and status."""
-    detail = selectors.task_detail(task_id)
-    if detail is None:
-        return HttpResponseStopPolling()
     after = _int(request.GET.get("after")) or 0
-    events = selectors.trace(task_id, after=after)
-    last_seq = events[-1].seq if events else after
-    context = {"d": detail, "new_events": events, "last_seq": last_seq, "live": True}
+    live = selectors.task_live(task_id, after=after)
+    if live is None:
+        return HttpResponseStopPolling()
+    last_seq = live.events[-1].seq if live.events else after
+    context = {"d": live, "new_events": live.events, "last_seq": last_seq, "live": True}
     context["can"] = {cap.value: True for cap in capabilities_of(request.user)}
-    if detail.task.is_terminal:
+    if live.task.is_terminal:
         # It has just stopped: load the whole page once, with its stop report, phases and
         # audit trail; that page has no poller, so the polling ends here.
         return HttpResponseClientRefresh()
@@ -270,20 +269,16 @@ def task_new(request: HttpRequest) -> HttpResponse:
 @require_GET
 @requires(Capability.READ)
 def operations(request: HttpRequest) -> HttpResponse:
-    return _page(request, "console/operations.html", {"rows": _queue_rows({})})
+    return _page(request, "console/operations.html", _queue({}))
 
 
-def _queue_rows(found: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+def _queue(found: dict[int, dict[str, Any]]) -> dict[str, Any]:
     now = timezone.now()
-    return [
-        {
-            "op": op,
-            "age": now - op.updated_at,
-            "form": ResolveForm(prefix=f"op{op.id}"),
-            "found": found.get(op.id),
-        }
+    rows = [
+        {"op": op, "age": now - op.updated_at, "found": found.get(op.id)}
         for op in selectors.reconciliation_queue()
     ]
+    return {"rows": rows, "total": selectors.reconciliation_count()}
 
 
 @require_POST
@@ -352,7 +347,7 @@ def operation_lookup(request: HttpRequest, key: str) -> HttpResponse:
     if getattr(request, "htmx", None):
         return _page(request, "console/operations.html#lookup", {"op": op, "found": found})
     # Without JavaScript: the whole queue, with the answer in place.
-    return _page(request, "console/operations.html", {"rows": _queue_rows({op.id: found})})
+    return _page(request, "console/operations.html", _queue({op.id: found}))
 
 
 # -- audit -------------------------------------------------------------------------------------

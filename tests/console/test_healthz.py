@@ -1,4 +1,6 @@
-"""The health endpoint reports whether the console can reach PostgreSQL and Redis."""
+"""The health endpoint reports whether the console can reach its database and its broker."""
+
+from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -19,7 +21,7 @@ def test_it_answers_503_and_names_redis_when_redis_is_unreachable(
     client: Client, settings: Settings
 ) -> None:
     # Port 1 on loopback refuses connections at once: a real failure, no mock.
-    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    settings.CELERY_BROKER_URL = "redis://127.0.0.1:1/0"
 
     response = client.get("/healthz")
 
@@ -28,6 +30,37 @@ def test_it_answers_503_and_names_redis_when_redis_is_unreachable(
         "status": "unavailable",
         "checks": {"database": "ok", "redis": "down"},
     }
+
+
+def filesystem_broker(settings: Settings, folder: Path) -> None:
+    settings.CELERY_BROKER_URL = "filesystem://"
+    settings.CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(folder),
+        "data_folder_out": str(folder),
+    }
+
+
+def test_in_standalone_mode_it_checks_the_broker_folders_instead_of_redis(
+    client: Client, settings: Settings, tmp_path: Path
+) -> None:
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # not the broker: not asked
+    filesystem_broker(settings, tmp_path)
+
+    response = client.get("/healthz")
+
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "checks": {"database": "ok", "broker": "ok"}}
+
+
+def test_it_answers_503_when_the_broker_folder_is_missing(
+    client: Client, settings: Settings, tmp_path: Path
+) -> None:
+    filesystem_broker(settings, tmp_path / "gone")
+
+    response = client.get("/healthz")
+
+    assert response.status_code == 503
+    assert response.json()["checks"] == {"database": "ok", "broker": "down"}
 
 
 def test_it_refuses_anything_but_get(client: Client) -> None:

@@ -24,7 +24,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from console import runner
+from console import runner, selectors
 from console.agents import Agent, Tool
 from console.ledger import DatabaseLedger
 from console.models import (
@@ -1480,7 +1480,7 @@ def test_the_task_page_costs_as_many_queries_for_300_trace_events_as_for_5(
 
     assert many == few
     html = _html(client.get(f"/tasks/{task.id}/"))
-    assert len(_rows(html)) == 200  # the latest window; older rows are a link away
+    assert len(_rows(html)) == selectors.TRACE_WINDOW  # the latest window; older: a link away
     assert "Earlier events" in html
 
 
