@@ -280,10 +280,10 @@ class StopReport(models.Model):
     report = models.JSONField()
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["task", "phase"], name="stop_report_per_phase"),
-        ]
+        # Usually one per phase; a task held before it ran (restart_loop) and then
+        # cancelled has two for its first phase: the hold, then the stop.
         indexes = [
+            models.Index(fields=["task", "-phase", "-id"], name="stop_report_task_latest"),
             # /metrics' stops by state and reason: an index-only scan instead of reading
             # every report's JSON on each scrape.
             models.Index(fields=["state", "reason"], name="stop_report_state_reason"),

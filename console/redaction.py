@@ -41,6 +41,11 @@ _SECRET_TEXT = re.compile(
     r"|\b(?:sk|pk|rk|ghp|gho|xox[abpr]|AKIA)[-_A-Za-z0-9]{12,}"
     r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
 )
+# "password=hunter2", "api_key: abc", 'token="xyz"' inside free text (error messages).
+_SECRET_PAIR = re.compile(
+    r"(?i)\b((?:pass(?:word|wd)?|pwd|secret|token|api[-_]?key|access[-_]?key|auth)"
+    r"\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&]+)"
+)
 
 
 def _extra_fields() -> frozenset[str]:
@@ -80,10 +85,16 @@ def _redact(value: Any, extra: frozenset[str], depth: int) -> Any:
         return [_redact(item, extra, depth + 1) for item in value]
     if isinstance(value, str):
         # PostgreSQL text and jsonb cannot hold NUL: keep a visible stand-in instead.
-        return _SECRET_TEXT.sub(REDACTED, value).replace("\x00", "\ufffd")
+        return redact_text(value)
     if value is None or isinstance(value, bool | int | float):
         return value
     return _redact(repr(value), extra, depth)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with credential-looking strings masked (for messages, not structures)."""
+    masked = _SECRET_PAIR.sub(lambda m: m.group(1) + REDACTED, text)
+    return _SECRET_TEXT.sub(REDACTED, masked).replace("\x00", "\ufffd")
 
 
 def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:

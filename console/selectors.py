@@ -252,7 +252,7 @@ def task_detail(task_id: int, *, before: int | None = None) -> TaskDetail | None
         gauges=gauges(task),
         phases=list(task.phases.select_related("approved_by").order_by("number")),
         operations=list(task.operations.order_by("claimed_at", "id")),
-        reports=list(task.stop_reports.order_by("-phase")),
+        reports=list(task.stop_reports.order_by("-phase", "-id")),
         audit=list(task.audit.select_related("actor", "operation").order_by("-at")[:100]),
         events=window,
         earlier=earlier,
@@ -296,7 +296,7 @@ def trace(
 
 
 def latest_report(task: Task) -> StopReport | None:
-    return task.stop_reports.order_by("-phase").first()
+    return task.stop_reports.order_by("-phase", "-id").first()
 
 
 # -- operations --------------------------------------------------------------------------------

@@ -214,17 +214,13 @@ def task_stop(*, task_id: int, actor: User, reason: str) -> Task:
             Task.objects.filter(id=task.id, state=task.state).update(
                 stop_requested_at=now, stop_requested_by=actor, stop_note=reason
             )
-            if task.state == TaskState.NEEDS_HUMAN:
-                # Held before it ever ran: its phase already has a report; close the task.
-                Task.objects.filter(id=task.id).update(
-                    state=TaskState.CANCELLED, reason=Reason.OPERATOR_STOP, updated_at=now
-                )
-            else:
-                detail = f"stopped before it ran: {reason}"
-                report = report_from_task(task, State.CANCELLED, Reason.OPERATOR_STOP, detail)
-                finish_task(
-                    task, State.CANCELLED, Reason.OPERATOR_STOP, report.to_dict(), detail=detail
-                )
+            # Not started (queued, or held for a restart loop): it ends here, with a stop
+            # report of its own after the hold's.
+            detail = f"stopped before it ran: {reason}"
+            report = report_from_task(task, State.CANCELLED, Reason.OPERATOR_STOP, detail)
+            finish_task(
+                task, State.CANCELLED, Reason.OPERATOR_STOP, report.to_dict(), detail=detail
+            )
         else:
             raise StaleState(f"task {task.id} has already stopped ({task.state})")
         task.refresh_from_db()

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from console import runner, services
@@ -242,3 +242,41 @@ def test_the_audit_log_refuses_to_be_edited_or_deleted_even_from_outside_the_app
         AuditEntry.objects.filter(id=entry.id).delete()
     entry.refresh_from_db()
     assert entry.reason == "r"
+
+
+@pytest.mark.parametrize(
+    "table", ["console_traceevent", "console_operationevent", "console_stopreport"]
+)
+def test_history_tables_refuse_updates_and_deletes_in_the_database(
+    start: Start, operator: User, table: str
+) -> None:
+    task = start("test_notices", {"count": 1})
+    _unknown_operation(task)  # writes an operation history, a stop report and a trace event
+    for statement in (f"UPDATE {table} SET id = id", f"DELETE FROM {table}"):  # noqa: S608
+        with (
+            pytest.raises(DatabaseError, match="append-only"),
+            transaction.atomic(),
+            connection.cursor() as cursor,
+        ):
+            cursor.execute(statement)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {table}")  # noqa: S608
+        assert cursor.fetchone()[0] > 0
+
+
+def test_cancelling_a_task_held_for_a_restart_loop_adds_its_own_stop_report(
+    operator: User,
+) -> None:
+    tasks = [
+        services.task_start(agent="test_reader", input={"pages": 9}, enqueue=lambda i: None)
+        for _ in range(4)
+    ]
+    held = tasks[-1]
+    services.task_stop(task_id=held.id, actor=operator, reason="the trigger was a mistake")
+
+    held.refresh_from_db()
+    reports = list(
+        StopReport.objects.filter(task=held).order_by("id").values_list("reason", flat=True)
+    )
+    assert (held.state, held.reason) == (TaskState.CANCELLED, "operator_stop")
+    assert reports == ["restart_loop", "operator_stop"]
