@@ -85,9 +85,8 @@ class StartForm(forms.Form):
     )
     reason = forms.CharField(
         max_length=4000,
-        required=False,
         widget=forms.Textarea(attrs={"rows": 2}),
-        help_text="Optional: why you start it (goes to the audit log).",
+        help_text=REASON_HELP,
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

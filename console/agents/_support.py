@@ -246,6 +246,6 @@ def notice_settlement(operation_key: str) -> Settlement:
         Result(Kind.SUCCESS, notice_data(notice)),
         evidence=(
             f"desk notice #{notice.pk} to {notice.recipient} "
-            f"at {notice.created_at:%Y-%m-%d %H:%M:%S}"
+            f"at {notice.created_at:%Y-%m-%d %H:%M:%S %Z}"
         ),
     )

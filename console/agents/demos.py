@@ -530,7 +530,7 @@ def _job_settlement(operation_key: str) -> Settlement:
     job = desk.export_find(operation_key)
     if job is None:
         return Settlement(False, evidence=f"the desk holds no export job {operation_key}")
-    evidence = f"desk export job #{job.pk} started at {job.created_at:%Y-%m-%d %H:%M:%S}"
+    evidence = f"desk export job #{job.pk} started at {job.created_at:%Y-%m-%d %H:%M:%S %Z}"
     return Settlement(True, Result(Kind.SUCCESS, _job_data(job)), evidence=evidence)
 
 

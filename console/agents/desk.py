@@ -195,6 +195,6 @@ def _refund_settlement(operation_key: str) -> Settlement:
         Result(Kind.SUCCESS, _refund_data(refund)),
         evidence=(
             f"desk refund #{refund.pk} of {refund.amount_cents} cents for order "
-            f"{refund.order.number} at {refund.created_at:%Y-%m-%d %H:%M:%S}"
+            f"{refund.order.number} at {refund.created_at:%Y-%m-%d %H:%M:%S %Z}"
         ),
     )

@@ -17,11 +17,10 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from console import services
@@ -29,6 +28,7 @@ from console.ledger import DatabaseLedger, LeaseLost, StopRecorded
 from console.models import Operation, OperationEvent, OperationState, Task, TaskState
 from console.roles import Role, assign
 from guard import Call, ClaimStatus, Kind, LedgerError, Result
+from tests.workers import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,16 +37,6 @@ OWNER = "worker-a:1:0001"
 KEY = "incident-42-first-notice"
 FP = "f" * 64
 OTHER_FP = "0" * 64
-
-
-def database_url() -> str:
-    """The URL of the database this test runs against, for processes started by the test."""
-    db = connection.settings_dict
-    user = quote(str(db.get("USER") or ""), safe="")
-    password = quote(str(db.get("PASSWORD") or ""), safe="")
-    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    port = f":{db['PORT']}" if db.get("PORT") else ""
-    return f"postgres://{auth}{db.get('HOST') or '127.0.0.1'}{port}/{db['NAME']}"
 
 
 def running_task(owner: str = OWNER, **fields: Any) -> Task:

@@ -9,25 +9,16 @@ machine dies.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
-from urllib.parse import quote
+from typing import Any
 
 import pytest
-import redis
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import connection
 
 from console import services
 from console.desk.models import Notice
@@ -43,34 +34,10 @@ from console.models import (
 )
 from console.roles import Role, assign
 from console.tasks import run_task
+from tests import workers
+from tests.workers import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-ROOT = Path(__file__).resolve().parents[2]
-READY = re.compile(r"@\S+ ready\.")
-STARTUP_S = 30.0
-
-
-def database_url() -> str:
-    """The URL of the database this test runs against, for the worker processes."""
-    db = connection.settings_dict
-    user = quote(str(db.get("USER") or ""), safe="")
-    password = quote(str(db.get("PASSWORD") or ""), safe="")
-    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    port = f":{db['PORT']}" if db.get("PORT") else ""
-    return f"postgres://{auth}{db.get('HOST') or '127.0.0.1'}{port}/{db['NAME']}"
-
-
-def wait_for[T](probe: Callable[[], T | None], *, timeout: float, what: str) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` otherwise."""
-    end = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"gave up after {timeout:.1f} s waiting for {what}")
-        time.sleep(0.02)
 
 
 class Worker:
@@ -79,75 +46,20 @@ class Worker:
     def __init__(self, queue: str, directory: Path) -> None:
         self.queue = queue
         self.directory = directory
-        self.starts = 0
-        self.process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        self.started: list[workers.Worker] = []
+        self.running: workers.Worker | None = None
 
     def start(self) -> None:
         """Start a fresh worker (with beat) and return once it consumes the queue."""
-        assert self.process is None, "a worker is already running"
-        self.starts += 1
-        env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "DATABASE_URL": database_url(),
-            "CELERY_QUEUE": self.queue,
-            # console.settings builds the beat schedule from this variable when it is
-            # imported; tests.settings' own value comes too late to change it (see
-            # test_the_beat_sweeps_as_often_as_the_test_settings_say).
-            "LOOPGUARD_SWEEP_SECONDS": str(settings.LOOPGUARD_SWEEP_SECONDS),
-            "PYTHONUNBUFFERED": "1",
-        }
-        log = self.directory / f"worker-{self.starts}.log"
-        self._log = log.open("wb")
-        self.process = subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "console",
-                "worker",
-                "-B",
-                "--pool=prefork",
-                "-c",
-                "2",
-                "-Q",
-                self.queue,
-                "--without-mingle",
-                "--without-gossip",
-                "-l",
-                "info",
-                "-n",
-                f"{self.queue}-{self.starts}@%h",
-                "-s",
-                str(self.directory / f"beat-{self.starts}"),
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, so that a kill takes all of it
-        )
-        process = self.process
-        wait_for(
-            lambda: process.poll() is not None or READY.search(log.read_text(errors="replace")),
-            timeout=STARTUP_S,
-            what=f"worker {self.starts} to be ready",
-        )
-        assert process.poll() is None, f"the worker exited:\n{self.log()}"
+        assert self.running is None, "a worker is already running"
+        self.running = workers.start_worker(self.queue, self.directory)
+        self.started.append(self.running)
 
     def kill(self) -> None:
         """SIGKILL the whole worker process group: pool children and beat die mid-step."""
-        if self.process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):  # it may have died on its own
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=10)
-        self.process = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        if self.running is not None:
+            workers.kill_worker(self.running)
+            self.running = None
 
     def restart(self) -> None:
         """Crash this worker and start a fresh one on the same queue."""
@@ -160,10 +72,7 @@ class Worker:
 
     def log(self) -> str:
         """Everything every worker started by this fixture has logged so far."""
-        return "".join(
-            (self.directory / f"worker-{n}.log").read_text(errors="replace")
-            for n in range(1, self.starts + 1)
-        )
+        return "".join(started.log() for started in self.started)
 
 
 @pytest.fixture
@@ -174,26 +83,10 @@ def worker(transactional_db: None, tmp_path: Path) -> Iterator[Worker]:
     try:
         yield running
     finally:
+        # A kill, not a warm shutdown: the test is over, and the messages it leaves
+        # unacknowledged are forgotten with the queue.
         running.kill()
-        forget_queue(running.queue)
-
-
-def forget_queue(queue: str) -> None:
-    """Delete the queue and the unacknowledged messages a killed worker left for it.
-
-    Otherwise kombu's Redis transport would put those messages back on the queue after
-    the visibility timeout, where no worker will ever read them.
-    """
-    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    try:
-        client.delete(queue, *client.scan_iter(f"{queue}\x06\x16*"))  # and its priority lists
-        for tag, raw in client.hscan_iter("unacked"):
-            _message, _exchange, routing_key = json.loads(raw)
-            if routing_key == queue:
-                client.zrem("unacked_index", tag)
-                client.hdel("unacked", tag)
-    finally:
-        client.close()
+        workers.forget_queue(running.queue)
 
 
 def start_on(worker: Worker, agent: str, input: dict[str, Any], **limits: Any) -> Task:
