@@ -161,11 +161,18 @@ class Guard:
         self._cancelled = False
         self._nudged = False
         self._stagnant = 0
-        self._recent: deque[str] = deque(maxlen=2 * self.limits.max_period)
+        # The last few fingerprints (a list, kept short by hand: cycle checks slice it).
+        self._recent: list[str] = []
+        self._recent_kept = 2 * self.limits.max_period
         self._repeats: dict[str, int] = {}
         self._pending: dict[str, int] = {}  # fingerprint of a PENDING job -> polls so far
         self._touched: dict[str, None] = {}  # operation keys, in first-touched order
-        self._completed: list[tuple[str, str, str | None, bool, int]] = []
+        # The latest completed requests (the stop report's "completed"), and how many in all:
+        # a long run's report and checkpoint stay small.
+        self._completed: deque[tuple[str, str, str | None, bool, int]] = deque(
+            maxlen=COMPLETED_KEPT
+        )
+        self._completed_total = 0
         self._batch: list[Ticket] = []
         self._wait_ms: float = 0
         self._planning = False  # a model call was admitted and its proposal is awaited
@@ -207,6 +214,7 @@ class Guard:
             "nudged": self._nudged,
             "touched": list(self._touched),
             "completed": [list(step) for step in self._completed],
+            "completed_total": self._completed_total,
         }
 
     @classmethod
@@ -237,10 +245,11 @@ class Guard:
             guard._pending = {_text(k): _count(v) for k, v in checkpoint["pending"].items()}
             guard._nudged = bool(checkpoint["nudged"])
             guard._touched = {_text(key): None for key in checkpoint["touched"]}
-            guard._completed = [
+            guard._completed_total = _count(checkpoint.get("completed_total", 0))
+            guard._completed.extend(
                 (_text(t), _text(fp), key if key is None else _text(key), bool(r), _count(rev))
                 for t, fp, key, r, rev in checkpoint["completed"]
-            ]
+            )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed checkpoint: {exc!r}") from exc
         return guard
@@ -364,7 +373,8 @@ class Guard:
             return self._stop(State.FAILED, Reason.BAD_CALL, detail=calls)
         limits = self.limits
         tickets: list[Ticket] = []
-        recent = list(self._recent)
+        # One call (the usual case) reads the history as it is; a batch adds to a copy.
+        recent = self._recent if len(calls) == 1 else list(self._recent)
         repeats: dict[str, int] = {}
         polls: dict[str, int] = {}
         keys: dict[str, str] = {}
@@ -412,7 +422,8 @@ class Guard:
                 if cycle:
                     return self._detected(Reason.SHORT_CYCLE, call, fp, 2, cycle)
                 repeats[fp] = repeats.get(fp, 0) + 1
-                recent.append(fp)
+                if recent is not self._recent:
+                    recent.append(fp)
             if not reuse:
                 if executions >= limits.executions:
                     return self._stop(State.PARTIAL, Reason.EXECUTION_BUDGET, call=call, fp=fp)
@@ -595,9 +606,12 @@ class Guard:
         if not ticket.poll and call.tool not in self.limits.exempt:
             self._repeats[fp] = self._repeats.get(fp, 0) + 1
             self._recent.append(fp)
+            if len(self._recent) > self._recent_kept:
+                del self._recent[0]
         if result.kind == Kind.SUCCESS:
             reused = ticket.status is _Status.REUSED
             self._completed.append((call.tool, fp, call.operation_key, reused, self.revision))
+            self._completed_total += 1
         if evidence.done:
             return self._stop(State.COMPLETED, Reason.GOAL_MET, ticket)
         if self._stagnant >= self.limits.stagnant:
@@ -806,6 +820,7 @@ class Guard:
             completed=tuple(
                 dict(zip(_COMPLETED_FIELDS, step, strict=True)) for step in self._completed
             ),
+            completed_total=self._completed_total,
             call=about,
             batch=tuple(t.describe() for t in self._batch),
             detail=detail,
@@ -814,6 +829,7 @@ class Guard:
 
 
 _CHECKPOINT_VERSION = 1
+COMPLETED_KEPT = 200
 
 
 def _count(value: Any) -> int:

@@ -92,6 +92,9 @@ class Report:
     elapsed_ms: int = 0
     remaining: Mapping[str, int | None] = field(default_factory=dict)
     completed: tuple[Mapping[str, Any], ...] = ()
+    """The latest completed requests (at most ``guard.COMPLETED_KEPT``), oldest first."""
+    completed_total: int = 0
+    """How many requests completed in all, including those no longer listed."""
     call: Mapping[str, Any] | None = None
     """The request the stop is about, when there is one: tool, fingerprint, operation key."""
     batch: tuple[Mapping[str, Any], ...] = ()
@@ -131,6 +134,7 @@ class Report:
             "reason": str(self.reason),
             "detail": self.detail,
             "completed": [dict(step) for step in self.completed],
+            "completed_total": self.completed_total,
             "operation_key": None if focus is None else focus.key,
             "operation_state": None if focus is None else str(focus.state),
             "operations": [op.to_dict() for op in self.operations],
