@@ -177,9 +177,9 @@ def main(argv: list[str]) -> None:
         run_tests(argv[2:])
     elif command == "up":
         ensure_environment()
-        # For now `up` replays the guard's behaviour table; it will start the console
-        # (web, worker, beat) once that exists.
-        os.execv(sys.executable, [sys.executable, "-m", "guard", *argv[2:]])
+        from console.launcher import main as up  # inside .venv now: Django is importable
+
+        sys.exit(up(argv[2:]))
     else:
         ensure_environment()
         run_django(argv)

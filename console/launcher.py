@@ -33,6 +33,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
@@ -43,6 +44,7 @@ SAY = "manage.py up:"
 PROBE_TIMEOUT_S = 2
 READY_TIMEOUT_S = 90.0
 POLL_S = 0.2
+QUIT_GRACE_S = 3.0
 
 # Exit statuses: 0 stopped on request, 1 a child died on its own, 2 could not start.
 EXIT_FAILED = 1
@@ -172,16 +174,19 @@ def _pg_connect(db: dict[str, Any], dbname: str) -> Any:
 
 
 def probe_postgres(db: dict[str, Any]) -> Probe:
-    """Whether PostgreSQL answers, asked through its maintenance database (ours may not exist
-    yet)."""
+    """Whether PostgreSQL answers: through the database itself, or (it may not exist yet)
+    through the maintenance database ``postgres``."""
     import psycopg
 
     where = postgres_where(db)
-    try:
-        with _pg_connect(db, "postgres"):
-            return Probe("PostgreSQL", where, None)
-    except psycopg.Error as error:
-        return Probe("PostgreSQL", where, _first_line(error))
+    problem = None
+    for dbname in (str(db["NAME"]), "postgres"):
+        try:
+            with _pg_connect(db, dbname):
+                return Probe("PostgreSQL", where, None)
+        except psycopg.Error as error:
+            problem = problem or _first_line(error)
+    return Probe("PostgreSQL", where, problem)
 
 
 def redis_where(url: str) -> str:
@@ -232,11 +237,12 @@ def choose_shape(options: Options) -> ModuleType:
         probes = list(pool.map(lambda check: check(), checks))
     missing = [probe for probe in probes if probe.problem is not None]
     if not missing:
-        used = [probe.line() for probe in probes] or ["using the configured database and broker"]
-        if urlsplit(broker).scheme == "filesystem" or db["ENGINE"].endswith("sqlite3"):
+        sqlite = db["ENGINE"] == "django.db.backends.sqlite3"
+        if sqlite and urlsplit(broker).scheme == "filesystem":
             say_standalone(config, ["configured (sqlite:/// DATABASE_URL, filesystem:// broker)"])
         else:
-            say(*used)
+            say(*(probe.line() for probe in probes))
+            say(*([f"database: SQLite, {_short(Path(db['NAME']))}"] if sqlite else []))
         return config
     reasons = [probe.line() for probe in missing]
     reasons += [f"{probe.line()}, but both are needed" for probe in probes if not probe.problem]
@@ -278,6 +284,8 @@ def create_postgres_database(db: dict[str, Any]) -> bool:
     from psycopg import sql
 
     name = str(db["NAME"])
+    with contextlib.suppress(psycopg.Error), _pg_connect(db, name):
+        return False  # it is there (and a role may reach it without the maintenance database)
     try:
         with _pg_connect(db, "postgres") as conn:
             found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
@@ -332,6 +340,7 @@ class Demo:
 
     credentials: list[str] = field(default_factory=list)
     tasks: list[str] = field(default_factory=list)
+    started: int = 0
     stops_pending: bool = False
 
 
@@ -344,6 +353,7 @@ def seed_demo() -> Demo:
     return Demo(
         credentials=credentials(people),
         tasks=task_lines(shown),
+        started=sum(1 for _, _, new in shown if new),
         stops_pending=any(scenario.stop_after_s is not None for scenario in SCENARIOS),
     )
 
@@ -365,10 +375,10 @@ def check_port(host: str, port: int) -> None:
 # -- the processes -------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: the child gets SIGTERM if ``up`` itself is killed (no orphans even then)."""
+def _die_with_parent(signum: int) -> None:  # pragma: no cover - between fork and exec
+    """Linux: the child gets ``signum`` if ``up`` itself is killed (no orphans even then)."""
     with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -377,6 +387,8 @@ class Child:
 
     name: str
     argv: list[str]
+    orphaned: int = signal.SIGTERM
+    """What it gets if ``up`` is killed without a chance to stop it (Linux only)."""
     popen: subprocess.Popen[bytes] | None = None
 
     def start(self, env: dict[str, str]) -> None:
@@ -388,7 +400,9 @@ class Child:
             # Its own process group: the terminal's Ctrl-C reaches `up` alone, which stops
             # the children in order, and a whole group can be killed at the end.
             process_group=0,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
+            preexec_fn=partial(_die_with_parent, self.orphaned)
+            if sys.platform == "linux"
+            else None,
         )
 
     @property
@@ -435,6 +449,8 @@ def children(options: Options, config: ModuleType) -> list[Child]:
                 "--hostname", f"loopguard-up-{os.getpid()}@%h",
                 "--without-mingle", "--without-gossip",
             ],
+            # Cold shutdown: a warm one would wait for the longest task with nobody to stop it.
+            orphaned=signal.SIGQUIT,
         ),
         Child(
             "beat",
@@ -482,19 +498,27 @@ class Supervisor:
 
     def stop(self) -> None:
         """SIGTERM each group leader (beat first, web, then the worker, which may be mid-step);
-        SIGKILL every group once they are done or the grace period is over."""
+        whoever is still busy after the grace period gets SIGQUIT (the worker's cold shutdown
+        hands its unacknowledged messages back to the broker), then SIGKILL for the group."""
         for child in reversed(self.processes):
             child.signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.grace
-        while time.monotonic() < deadline and not self.hurry:
-            if all(child.exited() is not None for child in self.processes):
-                break
-            time.sleep(0.05)
-        late = [child.name for child in self.processes if child.exited() is None]
+        self._wait(self.grace)
+        late = [child for child in self.processes if child.exited() is None]
         if late:
-            say(f"{', '.join(late)} still running after {self.grace:g} s: killed")
+            names = ", ".join(child.name for child in late)
+            say(f"{names} still busy after {self.grace:g} s: stopping it at once")
+            for child in late:
+                child.signal(signal.SIGQUIT)
+            self._wait(QUIT_GRACE_S)
         for child in self.processes:
             child.kill_group()
+
+    def _wait(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self.hurry:
+            if all(child.exited() is not None for child in self.processes):
+                return
+            time.sleep(0.05)
 
 
 # -- the command ---------------------------------------------------------------------------
@@ -543,13 +567,13 @@ def run(options: Options) -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     if os.environ["DJANGO_SETTINGS_MODULE"] != "console.settings":
         say(f"using settings {os.environ['DJANGO_SETTINGS_MODULE']}")
+    check_port(options.host, options.port)
     config = choose_shape(options)
     db, _ = _configured(config)
     created = False
     if db["ENGINE"] == "django.db.backends.postgresql":
         created = create_postgres_database(db)
     prepare_folders(config)
-    check_port(options.host, options.port)
 
     import django
     from django.conf import settings
@@ -569,7 +593,11 @@ def run(options: Options) -> int:
     demo_on = settings.DEBUG if options.demo is None else options.demo
     demo = seed_demo() if demo_on else None
     if demo is not None:
-        say(f"demo: 5 people, {len(demo.tasks)} tasks (the worker starts on them now)")
+        earlier = len(demo.tasks) - demo.started
+        say(
+            f"demo: {len(demo.credentials)} people (new passwords), {demo.started} task(s) "
+            f"started" + (f", {earlier} from earlier runs" if earlier else "")
+        )
     connections.close_all()  # no connection of ours held across the children's start-up
 
     processes = children(options, config)
@@ -579,7 +607,9 @@ def run(options: Options) -> int:
         f"worker (Celery, {options.concurrency} processes) and beat"
     )
     supervisor.start(child_environment())
-    url = f"http://{options.host if ':' not in options.host else f'[{options.host}]'}:{options.port}/"
+    # Listening on every address: this machine's own is the one to open (and to probe).
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(options.host, options.host)  # noqa: S104
+    url = f"http://{f'[{host}]' if ':' in host else host}:{options.port}/"
     try:
         wait_until_up(url, supervisor)
     except CannotStart:

@@ -60,7 +60,7 @@ from .models import (
     TaskState,
     TraceEvent,
 )
-from .redaction import preview
+from .redaction import preview, redact, redact_text
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +135,8 @@ def finish_task(
     """Record a terminal state with its stop report. Call inside a transaction holding
     the task row; the caller has checked that the task may make this transition."""
     now = timezone.now()
+    detail = redact_text(detail)  # error messages may quote credentials
+    report = redact(report)
     fields: dict[str, Any] = {
         "state": state,
         "reason": reason,
@@ -226,7 +228,7 @@ def sweep(enqueue: Callable[[int], None]) -> dict[str, int]:
     counts = {"recovered": 0, "resumed": 0, "requeued": 0}
     expired = Task.objects.filter(state=TaskState.RUNNING, lease_expires_at__lt=now)
     for task_id in expired.values_list("id", flat=True)[:500]:
-        with transaction.atomic():
+        with task_context(task_id), transaction.atomic():
             task = (
                 Task.objects.select_for_update(skip_locked=True)
                 .filter(id=task_id, state=TaskState.RUNNING, lease_expires_at__lt=timezone.now())
@@ -399,6 +401,14 @@ def _event_row(task_id: int, phase: int, seq: int, event: Mapping[str, Any]) -> 
     ]
 
 
+def _redacted_event(event: Mapping[str, Any]) -> dict[str, Any]:
+    """Free text of an event (error messages, details) with credentials masked."""
+    return {
+        name: redact_text(value) if isinstance(value, str) and name == "detail" else value
+        for name, value in event.items()
+    }
+
+
 class _Driver:
     """One stretch of one task: rebuilds the guard and agent, then loops over steps.
 
@@ -565,6 +575,7 @@ class _Driver:
         guard = self.guard
         usage = guard.usage
         first_seq = self.next_seq
+        events = tuple(_redacted_event(event) for event in events)
         params: list[Any] = [
             usage.model_calls + model_calls_ahead,
             usage.requests,

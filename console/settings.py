@@ -299,7 +299,7 @@ if LOOPGUARD_METRICS_TOKEN and (
 # only needs to exceed the longest task we expect to run in one go.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 if LOOPGUARD_STANDALONE and urlsplit(CELERY_BROKER_URL).scheme != "filesystem":
-    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_URL = "filesystem://localhost/"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -1,0 +1,196 @@
+"""In standalone mode (SQLite) a claim is still atomic: of eight processes, one wins each key.
+
+The same race as test_ledger_db.py's, on a SQLite file in WAL mode with IMMEDIATE
+transactions (console/settings.py): eight OS processes, each its own connection and its
+own task, claim the same fresh keys, and keys settled NOT_COMMITTED, at the same moments.
+Every process runs with ``LOOPGUARD_STANDALONE=1``; nothing here touches PostgreSQL. The
+history tables' append-only triggers are checked here too, after all migrations.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+PROCESSES = 8
+FRESH_KEYS = [f"race-fresh-{n}" for n in range(30)]
+RETRY_KEYS = [f"race-retry-{n}" for n in range(10)]
+SLOT_S = 0.05
+FP = "f" * 64
+
+# Migrates, makes one running task per racer plus one whose keys are settled NOT_COMMITTED,
+# and prints the racers' task ids and lease owners.
+SETUP = """
+import json, sys
+from datetime import timedelta
+import django
+django.setup()
+from django.core.management import call_command
+from django.utils import timezone
+from console.ledger import DatabaseLedger
+from console.models import Task
+call_command("migrate", verbosity=0)
+processes, fingerprint, retry_keys = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+def running(owner):
+    return Task.objects.create(agent="test_notices", input_fingerprint="t", limits={},
+        state="RUNNING", lease_owner=owner,
+        lease_expires_at=timezone.now() + timedelta(minutes=5))
+earlier = running("earlier:0:0000")
+settle = DatabaseLedger(task_id=earlier.id, owner=earlier.lease_owner)
+for key in retry_keys:
+    settle.claim(key, fingerprint)
+    settle.resolve(key, committed=False, evidence="verified: nothing was sent")
+racers = [running(f"racer-{n}:{n}:{n:04}") for n in range(processes)]
+print(json.dumps([[t.id, t.lease_owner] for t in racers]))
+"""
+
+CLAIMER = """
+import json, sys, time
+import django
+django.setup()
+from console.ledger import DatabaseLedger
+task_id, owner, fingerprint, slot = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
+keys = json.loads(sys.argv[5])
+ledger = DatabaseLedger(task_id=task_id, owner=owner)
+ledger.get("warm-up")
+print("ready", flush=True)
+start = float(sys.stdin.readline())
+answers = {}
+for n, key in enumerate(keys):
+    at = start + n * slot
+    while (left := at - time.time()) > 0:
+        time.sleep(min(left, 0.0005))
+    answers[key] = str(ledger.claim(key, fingerprint).status)
+print(json.dumps(answers), flush=True)
+"""
+
+
+def standalone_env(data: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "LOOPGUARD_STANDALONE": "1",
+        "LOOPGUARD_DATA_DIR": str(data),
+        # Closed ports: any use of PostgreSQL or Redis would fail.
+        "DATABASE_URL": "postgres://postgres@127.0.0.1:1/none",
+        "REDIS_URL": "redis://127.0.0.1:1/0",
+    }
+
+
+def python(script: str, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(  # noqa: S603 - our own interpreter and script
+        [sys.executable, "-c", script, *args],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_of_eight_processes_claiming_each_key_at_once_on_sqlite_exactly_one_wins(
+    tmp_path: Path,
+) -> None:
+    env = standalone_env(tmp_path)
+    tmp_path.mkdir(exist_ok=True)
+    setup = python(SETUP, str(PROCESSES), FP, json.dumps(RETRY_KEYS), env=env)
+    out, err = setup.communicate(timeout=120)
+    assert setup.returncode == 0, err
+    racers = json.loads(out.strip().splitlines()[-1])
+    keys = FRESH_KEYS + RETRY_KEYS
+
+    processes = [
+        python(CLAIMER, str(task_id), owner, FP, str(SLOT_S), json.dumps(keys), env=env)
+        for task_id, owner in racers
+    ]
+    try:
+        for process in processes:
+            assert process.stdout is not None
+            line = process.stdout.readline().strip()
+            assert line == "ready", process.stderr.read() if process.stderr else line
+        start = f"{time.time() + 0.3}\n"
+        for process in processes:
+            assert process.stdin is not None
+            process.stdin.write(start)
+            process.stdin.flush()
+        outputs = [process.communicate(timeout=60) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+    for process, (_, stderr) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, stderr
+    answers = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
+    for key in keys:
+        seen = sorted(answer[key] for answer in answers)
+        assert seen == ["claimed"] + ["in_flight"] * (PROCESSES - 1), (key, seen)
+
+    with sqlite3.connect(tmp_path / "loopguard.sqlite3") as db:
+        rows = {
+            key: (state, task_id, attempts)
+            for key, state, task_id, attempts in db.execute(
+                "SELECT key, state, task_id, attempts FROM console_operation "
+                "WHERE key LIKE 'race-%'"
+            )
+        }
+        claims = dict(
+            db.execute(
+                "SELECT o.key, count(*) FROM console_operationevent e "
+                "JOIN console_operation o ON o.id = e.operation_id "
+                "WHERE e.to_state = 'IN_FLIGHT' GROUP BY o.key"
+            ).fetchall()
+        )
+    assert sorted(rows) == sorted(keys)
+    for key in keys:
+        winner = next(n for n, answer in enumerate(answers) if answer[key] == "claimed")
+        retried = key in RETRY_KEYS
+        assert rows[key] == ("IN_FLIGHT", racers[winner][0], 2 if retried else 1), key
+        assert claims[key] == (2 if retried else 1), key
+
+
+MIGRATE = """
+import django
+django.setup()
+from django.core.management import call_command
+from console.models import StopReport, Task
+call_command("migrate", verbosity=0)
+task = Task.objects.create(agent="paging", input_fingerprint="f", limits={})
+StopReport.objects.create(task=task, phase=1, state="CANCELLED", reason="operator_stop",
+                          report={})
+"""
+HISTORY = ["console_traceevent", "console_operationevent", "console_stopreport",
+           "console_auditentry"]
+
+
+def test_after_every_migration_sqlite_history_tables_still_refuse_update_and_delete(
+    tmp_path: Path,
+) -> None:
+    # SQLite rebuilds a table to alter it, which drops its triggers: a later migration
+    # that rebuilds a history table must put them back (as 0008 does).
+    migrate = python(MIGRATE, env=standalone_env(tmp_path))
+    _, err = migrate.communicate(timeout=120)
+    assert migrate.returncode == 0, err
+
+    with sqlite3.connect(tmp_path / "loopguard.sqlite3") as db:
+        found = db.execute("SELECT tbl_name, name FROM sqlite_master WHERE type = 'trigger'")
+        triggers = set(found)
+        assert triggers == {
+            (table, f"{table}_append_only_{op}") for table in HISTORY for op in ("update", "delete")
+        }
+        for statement in ("UPDATE console_stopreport SET reason = 'x'",
+                          "DELETE FROM console_stopreport"):
+            with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+                db.execute(statement)
