@@ -29,8 +29,8 @@ from tests.up_process import (
     free_port,
     survivors,
     venv_is_current,
-    wait_for,
 )
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -24,10 +24,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 CREDENTIAL = re.compile(r"^\s+(\w+)\s+password (\S+)$")
@@ -39,18 +40,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-def wait_for[T](probe: Callable[[], T | None], *, timeout: float, what: str) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` otherwise."""
-    end = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"gave up after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def clean_environment(**overrides: str) -> dict[str, str]:

@@ -15,8 +15,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -25,22 +24,12 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from tests.waiting import wait_for
+
 ROOT = Path(__file__).resolve().parents[1]
 READY = re.compile(r"@\S+ ready\.")
 STARTUP_S = 30.0
 SHUTDOWN_S = 10.0
-
-
-def wait_for[T](probe: Callable[[], T | None], *, timeout: float, what: str) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` otherwise."""
-    end = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"gave up after {timeout:.1f} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def database_url() -> str:

@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -28,6 +27,7 @@ from console.ledger import DatabaseLedger, LeaseLost, StopRecorded
 from console.models import Operation, OperationEvent, OperationState, Task, TaskState
 from console.roles import Role, assign
 from guard import Call, ClaimStatus, Kind, LedgerError, Result
+from tests.waiting import release_together
 from tests.workers import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -445,26 +445,7 @@ def test_of_eight_processes_claiming_each_key_at_once_exactly_one_wins() -> None
     tasks = [running_task(owner=f"racer-{n}:{n}:{n:04}") for n in range(PROCESSES)]
     keys = FRESH_KEYS + RETRY_KEYS
     processes = [start_claimer(task, keys) for task in tasks]
-    try:
-        for process in processes:
-            assert process.stdout is not None
-            line = process.stdout.readline().strip()
-            assert line == "ready", process.stderr.read() if process.stderr else line
-        start = f"{time.time() + 0.2}\n"
-        for process in processes:
-            assert process.stdin is not None
-            process.stdin.write(start)
-            process.stdin.flush()
-        outputs = [process.communicate(timeout=30) for process in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-
-    for process, (_, stderr) in zip(processes, outputs, strict=True):
-        assert process.returncode == 0, stderr
-    answers = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
+    answers = release_together(processes, delay=0.2, timeout=30)
     for key in keys:
         seen = sorted(answer[key] for answer in answers)
         assert seen == ["claimed"] + ["in_flight"] * (PROCESSES - 1), (key, seen)

@@ -14,10 +14,11 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.waiting import release_together
 
 pytestmark = pytest.mark.slow
 
@@ -114,26 +115,7 @@ def test_of_eight_processes_claiming_each_key_at_once_on_sqlite_exactly_one_wins
         python(CLAIMER, str(task_id), owner, FP, str(SLOT_S), json.dumps(keys), env=env)
         for task_id, owner in racers
     ]
-    try:
-        for process in processes:
-            assert process.stdout is not None
-            line = process.stdout.readline().strip()
-            assert line == "ready", process.stderr.read() if process.stderr else line
-        start = f"{time.time() + 0.3}\n"
-        for process in processes:
-            assert process.stdin is not None
-            process.stdin.write(start)
-            process.stdin.flush()
-        outputs = [process.communicate(timeout=60) for process in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-
-    for process, (_, stderr) in zip(processes, outputs, strict=True):
-        assert process.returncode == 0, stderr
-    answers = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
+    answers = release_together(processes, delay=0.3, timeout=60)
     for key in keys:
         seen = sorted(answer[key] for answer in answers)
         assert seen == ["claimed"] + ["in_flight"] * (PROCESSES - 1), (key, seen)
