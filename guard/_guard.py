@@ -429,12 +429,12 @@ class Guard:
                     return self._stop(State.PARTIAL, Reason.EXECUTION_BUDGET, call=call, fp=fp)
                 executions += 1
             tickets.append(Ticket(index, call, fp, poll))
-        for ticket in tickets:
-            if ticket.poll:
-                self._pending[ticket.fingerprint] += 1
-                self.polls += 1
+        if polls:
+            for fp, count in polls.items():
+                self._pending[fp] += count
+                self.polls += count
         self._batch = tickets
-        return list(tickets)
+        return tickets
 
     def before_tool(self, ticket: Ticket) -> Decision:
         """Decide, at the executor's entry, whether this admitted call may run now.
@@ -747,6 +747,15 @@ class Guard:
         return bool(flag)
 
     def _evidence_problem(self, evidence: Any) -> str | None:
+        # The common case in exact types, tested first: this runs after every request.
+        if (
+            type(evidence) is Evidence
+            and type(evidence.revision) is int
+            and evidence.revision >= self.revision
+            and type(evidence.done) is bool
+            and (evidence.committed is None or type(evidence.committed) is bool)
+        ):
+            return None
         if not isinstance(evidence, Evidence):
             return f"inspect returned {type(evidence).__name__}, not Evidence"
         revision = evidence.revision
@@ -870,6 +879,16 @@ def _as_calls(proposal: Any, tools: Mapping[str, Effect] | None) -> list[Call] |
     With ``tools`` (name → effect), a call must name a known tool with its real effect: the
     effect of a tool is the application's fact, not the model's claim.
     """
+    if (  # the common case, in exact types: one well-formed call
+        type(proposal) is Call
+        and tools is None
+        and type(proposal.tool) is str
+        and proposal.tool
+        and type(proposal.args) is dict
+        and proposal.effect in ("read", "write")
+        and (proposal.operation_key is None or type(proposal.operation_key) is str)
+    ):
+        return [proposal]
     calls: list[Any]
     if isinstance(proposal, Call):
         calls = [proposal]
@@ -933,6 +952,13 @@ def _primitive(block: list[str]) -> bool:
 
 
 def _result_problem(result: Any) -> str | None:
+    if (
+        type(result) is Result
+        and type(result.kind) is Kind  # exact type: hashable, and one of the set
+        and type(result.attempts) is int
+        and result.attempts >= 1
+    ):
+        return None
     if result is None:
         return "the tool returned no result"
     if not isinstance(result, Result):
