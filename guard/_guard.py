@@ -838,7 +838,7 @@ class Guard:
 
 
 _CHECKPOINT_VERSION = 1
-COMPLETED_KEPT = 200
+COMPLETED_KEPT = 50
 
 
 def _count(value: Any) -> int:
