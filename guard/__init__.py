@@ -7,6 +7,9 @@ Standard library only. The public contract::
     guard = Guard(Limits(deadline_ms=1000, model_calls=8, requests=8, executions=6),
                   now=clock_ms, wait=sleep_ms, ledger=InMemoryLedger())
     report = guard.run(plan, execute, inspect)
+
+``guard.adapters`` reads the tool calls of OpenAI and Anthropic replies into ``Call``s and
+answers them with the results.
 """
 
 from ._fingerprint import BadArguments, canonical_json, fingerprint
@@ -28,6 +31,16 @@ from ._values import (
     State,
     Usage,
 )
+from .adapters import (
+    MalformedModelOutput,
+    ToolSpec,
+    Turn,
+    anthropic_tool_results,
+    calls_from_anthropic,
+    calls_from_openai,
+    openai_tool_messages,
+    tool_effects,
+)
 
 __all__ = [
     "RESUME_CONDITIONS",
@@ -46,6 +59,7 @@ __all__ = [
     "Ledger",
     "LedgerError",
     "Limits",
+    "MalformedModelOutput",
     "Nudge",
     "Operation",
     "OperationState",
@@ -55,7 +69,14 @@ __all__ = [
     "Settlement",
     "State",
     "Ticket",
+    "ToolSpec",
+    "Turn",
     "Usage",
+    "anthropic_tool_results",
+    "calls_from_anthropic",
+    "calls_from_openai",
     "canonical_json",
     "fingerprint",
+    "openai_tool_messages",
+    "tool_effects",
 ]
