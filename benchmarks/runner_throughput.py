@@ -794,6 +794,9 @@ def main(argv: list[str]) -> int:
         from django.db import connections
 
         django.setup()
+        # As in production: with DEBUG on, Django also records and formats every query,
+        # which costs the driver more than the database does.
+        settings.DEBUG = False
         logging.getLogger("console").setLevel(logging.WARNING)  # one line per task otherwise
         settings.LOOPGUARD_AGENTS = {
             **settings.LOOPGUARD_AGENTS,
