@@ -51,3 +51,28 @@ def release_together(
     for process, (_, stderr) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, stderr
     return [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
+
+
+# A racing ledger client, run by each racing process as `python -c CLAIMER task_id owner
+# fingerprint slot keys-json` (with DJANGO_SETTINGS_MODULE and DATABASE_URL set). It
+# connects first and says "ready", then claims every key at the start time the parent sends
+# (see release_together) plus ``n`` slots, so that all processes hit each key together.
+CLAIMER = """
+import json, sys, time
+import django
+django.setup()
+from console.ledger import DatabaseLedger
+task_id, owner, fingerprint, slot = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
+keys = json.loads(sys.argv[5])
+ledger = DatabaseLedger(task_id=task_id, owner=owner)
+ledger.get("warm-up")
+print("ready", flush=True)
+start = float(sys.stdin.readline())
+answers = {}
+for n, key in enumerate(keys):
+    at = start + n * slot
+    while (left := at - time.time()) > 0:
+        time.sleep(min(left, 0.0005))
+    answers[key] = str(ledger.claim(key, fingerprint).status)
+print(json.dumps(answers), flush=True)
+"""

@@ -27,7 +27,7 @@ from console.ledger import DatabaseLedger, LeaseLost, StopRecorded
 from console.models import Operation, OperationEvent, OperationState, Task, TaskState
 from console.roles import Role, assign
 from guard import Call, ClaimStatus, Kind, LedgerError, Result
-from tests.waiting import release_together
+from tests.waiting import CLAIMER, release_together
 from tests.workers import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -380,27 +380,6 @@ def test_an_operator_stop_waits_for_a_claim_in_progress_and_the_next_claim_sees_
 
 # -- the race: eight processes, one winner per key ----------------------------------------
 
-# Run by each racing process. It connects first, says "ready", then claims every key at the
-# start time the parent sends plus ``n`` slots, so that all processes hit each key together.
-CLAIMER = """
-import json, sys, time
-import django
-django.setup()
-from console.ledger import DatabaseLedger
-task_id, owner, fingerprint, slot = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
-keys = json.loads(sys.argv[5])
-ledger = DatabaseLedger(task_id=task_id, owner=owner)
-ledger.get("warm-up")
-print("ready", flush=True)
-start = float(sys.stdin.readline())
-answers = {}
-for n, key in enumerate(keys):
-    at = start + n * slot
-    while (left := at - time.time()) > 0:
-        time.sleep(min(left, 0.0005))
-    answers[key] = str(ledger.claim(key, fingerprint).status)
-print(json.dumps(answers), flush=True)
-"""
 PROCESSES = 8
 FRESH_KEYS = [f"race-fresh-{n}" for n in range(50)]
 RETRY_KEYS = [f"race-retry-{n}" for n in range(10)]

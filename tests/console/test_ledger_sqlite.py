@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.waiting import release_together
+from tests.waiting import CLAIMER, release_together
 
 pytestmark = pytest.mark.slow
 
@@ -55,25 +55,6 @@ racers = [running(f"racer-{n}:{n}:{n:04}") for n in range(processes)]
 print(json.dumps([[t.id, t.lease_owner] for t in racers]))
 """
 
-CLAIMER = """
-import json, sys, time
-import django
-django.setup()
-from console.ledger import DatabaseLedger
-task_id, owner, fingerprint, slot = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
-keys = json.loads(sys.argv[5])
-ledger = DatabaseLedger(task_id=task_id, owner=owner)
-ledger.get("warm-up")
-print("ready", flush=True)
-start = float(sys.stdin.readline())
-answers = {}
-for n, key in enumerate(keys):
-    at = start + n * slot
-    while (left := at - time.time()) > 0:
-        time.sleep(min(left, 0.0005))
-    answers[key] = str(ledger.claim(key, fingerprint).status)
-print(json.dumps(answers), flush=True)
-"""
 
 
 def standalone_env(data: Path) -> dict[str, str]:
