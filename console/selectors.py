@@ -295,8 +295,9 @@ def trace(
     return list(reversed(qs.order_by("-seq")[:TRACE_WINDOW]))
 
 
-def latest_report(task: Task) -> StopReport | None:
-    return task.stop_reports.order_by("-phase", "-id").first()
+def latest_report(task_id: int) -> StopReport | None:
+    """The task's latest stop report (one indexed query), or ``None``."""
+    return StopReport.objects.filter(task_id=task_id).order_by("-phase", "-id").first()
 
 
 # -- operations --------------------------------------------------------------------------------

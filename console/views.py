@@ -152,13 +152,10 @@ def task_live(request: HttpRequest, task_id: int) -> HttpResponse:
 @require_GET
 @requires(Capability.READ)
 def task_report_json(request: HttpRequest, task_id: int) -> HttpResponse:
-    detail = selectors.task_detail(task_id)
-    if detail is None:
-        raise Http404(f"there is no task {task_id}")
-    report = detail.reports[0].report if detail.reports else None
-    if report is None:
-        raise Http404(f"task {task_id} has no stop report yet")
-    response = JsonResponse(report, json_dumps_params={"indent": 2, "ensure_ascii": False})
+    stored = selectors.latest_report(task_id)
+    if stored is None:
+        raise Http404(f"there is no stop report for task {task_id} (yet)")
+    response = JsonResponse(stored.report, json_dumps_params={"indent": 2, "ensure_ascii": False})
     response["Content-Disposition"] = f'attachment; filename="task-{task_id}-stop-report.json"'
     return response
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -283,3 +284,31 @@ def _terminate(conn: Any) -> None:
     params.pop("context", None)
     with psycopg.connect(**params, autocommit=True) as other:
         other.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+def test_credentials_quoted_in_a_tool_error_are_masked_before_anything_is_stored(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.console.agents import SlowReader
+
+    def leaky(self: SlowReader, call: Any) -> Any:
+        raise ConnectionError(
+            "401 for Authorization: Bearer sk-live-abcdefghijklmnop password=hunter2"
+        )
+
+    monkeypatch.setattr(SlowReader, "_read", leaky)
+    task = start("test_reader", {"pages": 1})
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    stored = [
+        task.detail,
+        json.dumps(StopReport.objects.get(task=task).report),
+        *TraceEvent.objects.filter(task=task).values_list("detail", flat=True),
+    ]
+    assert (task.state, task.reason) == (TaskState.FAILED, "executor_error")
+    assert any("ConnectionError" in text for text in stored)  # the error itself is kept
+    for text in stored:
+        assert "hunter2" not in text
+        assert "sk-live-abcdefghijklmnop" not in text
