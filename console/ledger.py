@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from typing import Any
 
 from django.db import DatabaseError, connection, transaction
@@ -25,6 +26,7 @@ from guard import OperationState as State
 
 from .models import Operation, OperationEvent
 from .redaction import preview, redact
+from .statements import fetch_one
 
 
 class StopRecorded(RuntimeError):
@@ -83,6 +85,36 @@ SELECT gate.stop_requested_at, gate.lease_owner, claimed.id, claimed.attempts,
 FROM gate LEFT JOIN claimed ON true
 """
 
+# PostgreSQL: the driver's save of the step so far (the CTEs ``saved``, its UPDATE of the
+# task row conditional on the lease, and ``added``, its trace events; see
+# console.runner.save_ctes) and the claim in one statement. The UPDATE's row lock is the
+# gate: a stop committed before it is returned by it (and nothing is claimed), one
+# committed after it waits for this transaction.
+_CLAIM_AFTER_SAVE = """
+WITH {save}, claimed AS (
+    INSERT INTO console_operation
+        (key, fingerprint, state, tool, task_id, args_preview, result, attempts, evidence,
+         claimed_at, updated_at)
+    SELECT %s, %s, 'IN_FLIGHT', %s, %s, %s, NULL, 1, '', %s, %s
+    FROM saved WHERE saved.stop_requested_at IS NULL
+    ON CONFLICT (key) DO UPDATE
+        SET state = 'IN_FLIGHT', attempts = console_operation.attempts + 1,
+            task_id = EXCLUDED.task_id, result = NULL, updated_at = EXCLUDED.updated_at
+        WHERE console_operation.state = 'NOT_COMMITTED'
+          AND console_operation.fingerprint = EXCLUDED.fingerprint
+    RETURNING id, attempts, evidence
+), history AS (
+    INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
+                                        evidence)
+    SELECT id, %s, CASE WHEN attempts = 1 THEN '' ELSE 'NOT_COMMITTED' END,
+           'IN_FLIGHT', %s, ''
+    FROM claimed
+)
+SELECT saved.stop_requested_at, saved.lease_owner, claimed.id, claimed.attempts,
+       claimed.evidence
+FROM saved LEFT JOIN claimed ON true
+"""
+
 # PostgreSQL: a settling move from IN_FLIGHT and its history row in one statement.
 _MOVE_PG = """
 WITH moved AS (
@@ -97,6 +129,19 @@ WITH moved AS (
 )
 SELECT attempts, evidence FROM moved
 """
+
+# PostgreSQL: a write's record (IN_FLIGHT → COMMITTED and its history row) as CTEs for
+# the driver's save after the tool, so that the record and the step commit together.
+# ``moved`` has a row if and only if the record was made.
+RECORD_CTES = """moved AS (
+    UPDATE console_operation SET state = 'COMMITTED', result = %s, updated_at = %s
+    WHERE key = %s AND fingerprint = %s AND state = 'IN_FLIGHT'
+    RETURNING id
+), recorded AS (
+    INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
+                                        evidence)
+    SELECT id, %s, 'IN_FLIGHT', 'COMMITTED', %s, '' FROM moved
+)"""
 
 _GATE = "SELECT stop_requested_at, lease_owner FROM console_task WHERE id = %s"
 _GATE_PG = _GATE + " FOR SHARE"  # SQLite has no row locks; it serialises writers anyway
@@ -132,7 +177,66 @@ class DatabaseLedger:
         self.owner = owner
         self.unavailable: DatabaseError | None = None
         """The last database failure: the driver must not turn it into a verdict."""
+        self.stop_recorded = False
+        """A claim found the task's stop recorded (and claimed nothing)."""
         self._described: dict[str, tuple[str, str]] = {}
+        self._carried: tuple[str, list[Any]] | None = None
+        self._carried_row: tuple[Any, ...] | None = None
+        self.defer_record = False
+        """The driver saves right after the next record: let that save make it."""
+        self.record_failed: LedgerError | None = None
+        """A deferred record could not be made: the operation had left ``IN_FLIGHT``."""
+        self._deferred: tuple[str, str, Any] | None = None
+        self._claimed: dict[str, tuple[int, str]] = {}  # key: attempts, evidence
+
+    def take_deferred(self) -> tuple[str, list[Any]] | None:
+        """The deferred record as ``RECORD_CTES`` and its parameters, for the driver's
+        save; the driver reports back with :meth:`deferred_done`."""
+        if self._deferred is None:
+            return None
+        key, fingerprint, stored = self._deferred
+        now = timezone.now()
+        params = [
+            _RESULT_FIELD.get_db_prep_save(stored, connection),
+            now,
+            key,
+            fingerprint,
+            now,
+            self.task_id,
+        ]
+        return RECORD_CTES, params
+
+    def deferred_done(self, made: bool) -> None:
+        """The save carrying the deferred record committed; ``made``: it moved the row."""
+        if self._deferred is not None and not made:
+            self.record_failed = self._why_not(
+                self._deferred[0], self._deferred[1], State.COMMITTED
+            )
+        self._deferred = None
+
+    def flush(self) -> None:
+        """Make a deferred record now: before the ledger is read, so reads see it."""
+        if self._deferred is None:
+            return
+        key, fingerprint, stored = self._deferred
+        self._deferred = None
+        try:
+            self._settle_in_flight(key, fingerprint, State.COMMITTED, stored)
+        except LedgerError as exc:
+            self.record_failed = exc
+
+    def carry(self, ctes: str, params: list[Any]) -> None:
+        """Send the driver's save (see ``_CLAIM_AFTER_SAVE``) with the next claim.
+
+        PostgreSQL only. :meth:`carried` says whether a claim took it.
+        """
+        self._carried, self._carried_row = (ctes, params), None
+
+    def carried(self) -> tuple[Any, ...] | None:
+        """The ``saved`` row of the save given to :meth:`carry` if a claim committed it
+        (None if no claim ran, or it failed); forgets the save either way."""
+        row, self._carried, self._carried_row = self._carried_row, None, None
+        return row
 
     def describe(self, call: Call) -> None:
         """Remember the tool and a redacted preview of the arguments for ``call``'s row."""
@@ -140,15 +244,18 @@ class DatabaseLedger:
             self._described[call.operation_key] = (call.tool, preview(call.args))
 
     def get(self, key: str) -> Entry | None:
+        self.flush()
         with self._watch():
             row = Operation.objects.filter(key=key).first()
         return None if row is None else entry_of(row)
 
     def get_many(self, keys: list[str]) -> dict[str, Entry]:
+        self.flush()
         with self._watch():
             return {row.key: entry_of(row) for row in Operation.objects.filter(key__in=keys)}
 
     def claim(self, key: str, fingerprint: str) -> Claim:
+        self.flush()
         with self._watch():
             return self._claim(key, fingerprint)
 
@@ -177,6 +284,7 @@ class DatabaseLedger:
                 raise LeaseLost(f"task {self.task_id} does not exist")
             stop_requested_at, lease_owner = gate
             if stop_requested_at is not None:
+                self.stop_recorded = True
                 raise StopRecorded(f"task {self.task_id} is stopping")
             if lease_owner != self.owner:
                 raise LeaseLost(f"task {self.task_id} is driven by {lease_owner or 'nobody'}")
@@ -198,26 +306,34 @@ class DatabaseLedger:
 
     def _claim_pg(self, key: str, fingerprint: str) -> Claim:
         tool, args = self._described.get(key, ("", ""))
-        params: dict[str, Any] = {
-            "task": self.task_id,
-            "key": key,
-            "fp": fingerprint,
-            "tool": tool,
-            "args": args,
-            "now": timezone.now(),
-            "owner": self.owner,
-        }
-        with connection.cursor() as cursor:
-            cursor.execute(_CLAIM_PG, params)
-            row = cursor.fetchone()
+        now = timezone.now()
+        if self._carried is not None:
+            ctes, saved = self._carried
+            self._carried = None  # sent once, whatever happens
+            claim = [key, fingerprint, tool, self.task_id, args, now, now, now, self.task_id]
+            row = fetch_one(_claim_after_save(ctes), [*saved, *claim])
+            self._carried_row = row[:2] if row is not None else None
+        else:
+            params: dict[str, Any] = {
+                "task": self.task_id,
+                "key": key,
+                "fp": fingerprint,
+                "tool": tool,
+                "args": args,
+                "now": now,
+                "owner": self.owner,
+            }
+            row = fetch_one(_CLAIM_PG, params)
         if row is None:
             raise LeaseLost(f"task {self.task_id} does not exist")
         stop_requested_at, lease_owner, claimed_id, attempts, evidence = row
         if stop_requested_at is not None:
+            self.stop_recorded = True
             raise StopRecorded(f"task {self.task_id} is stopping")
         if lease_owner != self.owner:
             raise LeaseLost(f"task {self.task_id} is driven by {lease_owner or 'nobody'}")
         if claimed_id is not None:
+            self._claimed = {key: (attempts, evidence)}
             entry = Entry(key, fingerprint, State.IN_FLIGHT, None, attempts, evidence)
             return Claim(ClaimStatus.CLAIMED, entry)
         existing = entry_of(Operation.objects.get(key=key))
@@ -230,8 +346,9 @@ class DatabaseLedger:
     ) -> Entry:
         """IN_FLIGHT → ``target`` in one statement (PostgreSQL), else the general move."""
         if connection.vendor != "postgresql":
-            return self._move(key, {State.IN_FLIGHT}, target, fingerprint=fingerprint,
-                              result=result)
+            return self._move(
+                key, {State.IN_FLIGHT}, target, fingerprint=fingerprint, result=result
+            )
         params: dict[str, Any] = {
             "target": target.value,
             "result": _RESULT_FIELD.get_db_prep_save(result, connection),
@@ -240,23 +357,35 @@ class DatabaseLedger:
             "fp": fingerprint,
             "task": self.task_id,
         }
-        with self._watch(), connection.cursor() as cursor:
-            cursor.execute(_MOVE_PG, params)
-            row = cursor.fetchone()
-        if row is None:  # say why, from the row as it is
-            current = Operation.objects.filter(key=key).first()
-            if current is None:
-                raise LedgerError(f"no operation {key!r}")
-            if current.fingerprint != fingerprint:
-                raise LedgerError(f"operation {key!r} belongs to another input")
-            raise LedgerError(f"operation {key!r} is {current.state}, cannot become {target}")
+        with self._watch():
+            row = fetch_one(_MOVE_PG, params)
+        if row is None:
+            raise self._why_not(key, fingerprint, target)
         stored = None if result is None else Result.from_dict(result)
         return Entry(key, fingerprint, target, stored, row[0], row[1])
 
+    def _why_not(self, key: str, fingerprint: str, target: State) -> LedgerError:
+        """Why an operation could not move from ``IN_FLIGHT``, from the row as it is."""
+        current = Operation.objects.filter(key=key).first()
+        if current is None:
+            return LedgerError(f"no operation {key!r}")
+        if current.fingerprint != fingerprint:
+            return LedgerError(f"operation {key!r} belongs to another input")
+        return LedgerError(f"operation {key!r} is {current.state}, cannot become {target}")
+
     def record(self, key: str, fingerprint: str, result: Result) -> Entry:
-        return self._settle_in_flight(key, fingerprint, State.COMMITTED, redact(result.to_dict()))
+        stored = redact(result.to_dict())
+        claimed = self._claimed.pop(key, None)
+        if self.defer_record and claimed is not None and self._deferred is None:
+            # Made by the driver's save that follows (take_deferred), or by flush() if
+            # the ledger is read first.
+            self._deferred = (key, fingerprint, stored)
+            return Entry(key, fingerprint, State.COMMITTED, result, *claimed)
+        self.flush()
+        return self._settle_in_flight(key, fingerprint, State.COMMITTED, stored)
 
     def mark_unknown(self, key: str, fingerprint: str) -> Entry:
+        self.flush()
         return self._settle_in_flight(key, fingerprint, State.UNKNOWN)
 
     def resolve(
@@ -267,6 +396,7 @@ class DatabaseLedger:
         result: Result | None = None,
         evidence: str = "",
     ) -> Entry:
+        self.flush()
         return self._move(
             key,
             {State.IN_FLIGHT, State.UNKNOWN},
@@ -310,3 +440,8 @@ class DatabaseLedger:
 
 
 _RESULT_FIELD = Operation._meta.get_field("result")
+
+
+@cache
+def _claim_after_save(ctes: str) -> str:
+    return _CLAIM_AFTER_SAVE.format(save=ctes)

@@ -187,7 +187,8 @@ class Decision(models.TextChoices):
 class TraceEvent(models.Model):
     """One model call or tool request of a task, in order (``seq``), redacted."""
 
-    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="events")
+    # No index of its own: the (task, seq) unique constraint below leads with it.
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="events", db_index=False)
     phase = models.PositiveIntegerField()
     seq = models.PositiveBigIntegerField()
     at = models.DateTimeField(default=timezone.now)

@@ -21,8 +21,9 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
+from dataclasses import replace
 from datetime import timedelta
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 from django.conf import settings
@@ -31,10 +32,12 @@ from django.db.models import F
 from django.utils import timezone
 
 from guard import (
+    COMPLETED_KEPT,
     Action,
     Call,
     Finish,
     Guard,
+    Kind,
     Limits,
     Nudge,
     Reason,
@@ -61,6 +64,7 @@ from .models import (
     TraceEvent,
 )
 from .redaction import preview, redact, redact_text
+from .statements import fetch_one
 
 logger = logging.getLogger(__name__)
 
@@ -353,11 +357,15 @@ class _Heartbeat(threading.Thread):
 _SAVE = """
 UPDATE console_task SET model_calls = %s, requests = %s, executions = %s, tokens = %s,
     polls = %s, elapsed_ms = %s, revision = %s, next_seq = %s, last_step_at = %s{checkpoint}
-WHERE id = %s AND lease_owner = %s AND state = 'RUNNING'
-RETURNING stop_requested_at
+WHERE id = %s AND lease_owner = %s AND state = 'RUNNING'{asynchronous}
+RETURNING stop_requested_at, lease_owner
 """
-_SAVE_COUNTERS = _SAVE.format(checkpoint="")
-_SAVE_CHECKPOINT = _SAVE.format(checkpoint=", checkpoint = %s")
+_STOP_FACT = "SELECT stop_requested_at FROM console_task WHERE id = %s"
+# A save whose transaction commits without waiting for its WAL to reach the disk (only
+# this transaction: the setting is local to it). PostgreSQL writes WAL in order, so the
+# next synchronous commit (every claim, every save after a tool) makes it durable too;
+# see _Driver for which saves may use it.
+_ASYNCHRONOUS = "\n    AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
 
 # Trace event columns with their types: a VALUES list needs them spelt out where a value
 # may be NULL.
@@ -382,18 +390,54 @@ _EVENT_COLUMNS = (
 )
 _EVENT_ROW = "(" + ", ".join(f"%s::{kind}" for _, kind in _EVENT_COLUMNS) + ")"
 _EVENT_NAMES = ", ".join(name for name, _ in _EVENT_COLUMNS)
-# Built from the constants above only; every value is a parameter.
-_SAVE_WITH_EVENTS = (
-    "WITH saved AS ({save}), added AS ("  # noqa: S608
-    f"INSERT INTO console_traceevent ({_EVENT_NAMES}) "
-    f"SELECT v.* FROM (VALUES {{values}}) AS v ({_EVENT_NAMES}) CROSS JOIN saved "
-    "RETURNING 1) SELECT stop_requested_at, (SELECT count(*) FROM added) FROM saved"
-)
+
+
+@cache
+def save_ctes(events: int, checkpoint: bool, durable: bool) -> str:
+    """PostgreSQL: a save as CTEs, ``saved`` (the counters' UPDATE, returning the stop fact
+    and the lease owner) feeding ``added`` (the ``events`` trace events' INSERT), so both
+    happen or neither does, and a lost lease inserts nothing. Built from the constants
+    above only; every value is a parameter. A handful of texts, each prepared once.
+    """
+    save = _SAVE.format(
+        checkpoint=", checkpoint = %s" if checkpoint else "",
+        asynchronous="" if durable else _ASYNCHRONOUS,
+    ).strip()
+    values = ", ".join([_EVENT_ROW] * events)
+    return (
+        f"saved AS ({save}), added AS ("  # noqa: S608
+        f"INSERT INTO console_traceevent ({_EVENT_NAMES}) "
+        f"SELECT v.* FROM (VALUES {values}) AS v ({_EVENT_NAMES}) CROSS JOIN saved)"
+    )
+
+
+@cache
+def _save_sql(events: int, checkpoint: bool, durable: bool, postgresql: bool) -> str:
+    """The text of a save: counters (and checkpoint), then ``events`` trace events."""
+    if events and postgresql:
+        return f"WITH {save_ctes(events, checkpoint, durable)} SELECT * FROM saved"  # noqa: S608
+    return _SAVE.format(
+        checkpoint=", checkpoint = %s" if checkpoint else "",
+        asynchronous="" if durable or not postgresql else _ASYNCHRONOUS,
+    ).strip()
+
+
+@cache
+def _save_with_record_sql(record_ctes: str, events: int, checkpoint: bool) -> str:
+    """A save that also makes a write's record (``console.ledger.RECORD_CTES``); its
+    third column says whether the record was made."""
+    return (
+        f"WITH {record_ctes}, {save_ctes(events, checkpoint, True)} "  # noqa: S608
+        "SELECT saved.stop_requested_at, saved.lease_owner, (SELECT count(*) FROM moved) "
+        "FROM saved"
+    )
+
+
 _NUMERIC = frozenset({"task_id", "phase", "seq", "at", "revision", "latency_ms", "tokens"})
 
 
 def _event_row(task_id: int, phase: int, seq: int, event: Mapping[str, Any]) -> list[Any]:
-    """One trace event as the VALUES row of ``_SAVE_WITH_EVENTS``."""
+    """One trace event as a VALUES row of a save (``_save_sql``)."""
     given = {"task_id": task_id, "phase": phase, "seq": seq, **event}
     return [
         given.get(name) if name in _NUMERIC else str(given.get(name) or "")
@@ -401,28 +445,31 @@ def _event_row(task_id: int, phase: int, seq: int, event: Mapping[str, Any]) -> 
     ]
 
 
-def _redacted_event(event: Mapping[str, Any]) -> dict[str, Any]:
-    """Free text of an event (error messages, details) with credentials masked."""
-    return {
-        name: redact_text(value) if isinstance(value, str) and name == "detail" else value
-        for name, value in event.items()
-    }
-
-
 class _Driver:
     """One stretch of one task: rebuilds the guard and agent, then loops over steps.
 
     What is saved, and when (each a short transaction conditional on the lease):
 
-    - before the model call: the model-call counter, already counting this call, so a
-      crash while the model thinks does not give the call back;
-    - after the model call: its trace event and counters, with executions counted ahead
-      for the calls about to run (a crash mid-execution leaves them counted);
     - after each tool request: its trace event, the counters and the checkpoint (guard,
-      agent memory, observation) that a restart of this phase resumes from.
+      agent memory, observation) that a restart of this phase resumes from; for a write,
+      its record (``COMMITTED``) in the same statement. Going on, this save also counts
+      the next model call, one request and its execution ahead, so that a crash while
+      the model thinks or the next tool runs never gives them back;
+    - after the model call, when it proposed one call: nothing of its own. Its event
+      waits for the next statement: a write's claim, which also reads the stop fact in
+      its own transaction (the gate), or, for a read, the save after it, the stop fact
+      being read just before the read starts;
+    - after any other model call (several calls, or the first of a drive): its event and
+      counters, executions counted ahead. That commit does not wait for the disk: a
+      worker crash cannot lose it (the database has it), and the next synchronous
+      commit (a claim, or the reads' own save) flushes it. Only a crash of the database
+      server in between can lose it, and with it the count of those reads;
+    - before a drive's first model call and before a wait: the model-call counter,
+      already counting the next call.
 
     Counters saved ahead are corrected by the next save; when a task resumes after a
-    crash they can only be too high, never too low.
+    worker crash they can only be too high, never too low (after a crash of the database
+    server, too low by at most the reads of one model call).
     """
 
     def __init__(self, task: Task, owner: str, heartbeat: _Heartbeat) -> None:
@@ -431,6 +478,9 @@ class _Driver:
         self.heartbeat = heartbeat
         self.next_seq = task.next_seq
         self.stop_seen: bool | None = task.stop_requested_at is not None
+        self.postgresql = connection.vendor == "postgresql"
+        self.pending: list[dict[str, Any]] = []  # events waiting for the next save
+        self.one_ahead = False  # the row counts the next model call, request, execution
         checkpoint = task.checkpoint if isinstance(task.checkpoint, dict) else {}
         same_phase = checkpoint.get("phase") == task.phase
         self.agent: Agent = agent_class(task.agent)(
@@ -452,6 +502,7 @@ class _Driver:
             # The counters come from the row, which is never behind the checkpoint.
             saved = dict(checkpoint["guard"])
             saved["usage"] = usage_of(task).to_dict()
+            saved.update(_trace_history(task))
             self.guard = Guard.restore(saved, limits, **options)
             self.observation = _decode(checkpoint.get("observation"))
         else:
@@ -480,7 +531,6 @@ class _Driver:
             except Exception as exc:
                 self._save(self._model_event(None, started, detail=f"planner: {exc!r}"))
                 return self._finish(guard.planner_failed(exc))
-            self.stop_seen = None  # the model may have taken a while: ask again
             model_event = self._model_event(proposal, started)
             if isinstance(proposal, Finish):
                 report = guard.finish(proposal, agent.inspect)
@@ -494,7 +544,21 @@ class _Driver:
                 self.observation = admitted
                 self._save(model_event, self._nudge_event(admitted), checkpoint=True)
                 continue
-            self._save(model_event, executions_ahead=len(admitted))
+            if self.one_ahead and isinstance(proposal, Call):
+                # The last save counted this model call, one request and its execution
+                # ahead: the model call's event can wait for the next statement.
+                self.pending.append(model_event)
+                if proposal.effect == "write" and self.postgresql:
+                    # It rides on the claim, which reads the stop fact in its own
+                    # transaction: the stop fact read before the model call may stand.
+                    self.ledger.carry(*self._carried_save(executions_ahead=1))
+                else:
+                    self.stop_seen = None  # the model may have taken a while: ask again
+            else:
+                # Not waiting for the disk here: what follows is either a claim, whose
+                # synchronous commit flushes this save too before any write runs, or
+                # reads, followed by their own synchronous save.
+                self._save(model_event, executions_ahead=len(admitted), durable=False)
             results: list[Result] = []
             for index, ticket in enumerate(admitted):
                 last = index == len(admitted) - 1
@@ -519,6 +583,8 @@ class _Driver:
         tool = self.tools[call.tool]
         self.ledger.describe(call)
         decision = guard.before_tool(ticket)
+        if self.pending and (saved := self.ledger.carried()) is not None:
+            self._saved(saved, len(self.pending))
         if decision.action is Action.STOP:
             report = decision.report
             if report is None:  # pragma: no cover - STOP always carries its report
@@ -536,9 +602,14 @@ class _Driver:
                 error = exc
         latency = time.monotonic() - started
         lookup = tool.lookup if self.agent.auto_lookup else None
-        stop = guard.after_tool(
-            ticket, outcome, error=error, inspect=self.agent.inspect, lookup=lookup
-        )
+        # The save below follows at once: a write's record may ride on it.
+        self.ledger.defer_record = last and self.postgresql
+        try:
+            stop = guard.after_tool(
+                ticket, outcome, error=error, inspect=self.agent.inspect, lookup=lookup
+            )
+        finally:
+            self.ledger.defer_record = False
         if ticket.result is not None:
             results.append(ticket.result)
         if last and stop is None:
@@ -554,9 +625,23 @@ class _Driver:
                 detail=detail,
             ),
             checkpoint=True,
-            # Going on: count the next model call now, sparing a save before it.
+            # Going on: count the next model call now, and one request and execution of
+            # it, sparing a save before it when it proposes one call.
             model_calls_ahead=1 if last and stop is None else 0,
+            requests_ahead=1 if last and stop is None else 0,
+            executions_ahead=1 if last and stop is None else 0,
+            record=self.ledger.take_deferred(),
         )
+        failed = self.ledger.record_failed
+        if failed is not None and (stop is None or stop.reason is not Reason.UNKNOWN_COMMIT):
+            # The write ran and inspect saw it commit, but meanwhile its operation was
+            # settled by someone else (its lease had run out): as when a record fails.
+            detail = f"ledger: {failed!r}"
+            if stop is None:
+                return guard.halt(State.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT, detail)
+            return replace(
+                stop, state=State.NEEDS_HUMAN, reason=Reason.UNKNOWN_COMMIT, detail=detail
+            )
         return stop
 
     # -- persistence ----------------------------------------------------------------------
@@ -566,63 +651,104 @@ class _Driver:
         *events: dict[str, Any],
         checkpoint: bool = False,
         model_calls_ahead: int = 0,
+        requests_ahead: int = 0,
         executions_ahead: int = 0,
+        durable: bool = True,
+        record: tuple[str, list[Any]] | None = None,
     ) -> None:
-        """Persist counters (and the checkpoint, and ``events``) in one short transaction.
+        """Persist counters (and the checkpoint, the pending events and ``events``) in one
+        short transaction.
 
         Conditional on still holding the lease: a driver that lost it stops here.
+        ``durable=False`` lets the commit return before its WAL is flushed (PostgreSQL).
+        ``record``: the ledger's deferred record (``take_deferred``), made in the same
+        statement.
         """
+        events = (*self.pending, *events)
+        params = self._save_params(
+            events,
+            checkpoint=checkpoint,
+            model_calls_ahead=model_calls_ahead,
+            requests_ahead=requests_ahead,
+            executions_ahead=executions_ahead,
+        )
+        postgresql = self.postgresql
+        if record is not None:
+            ctes, record_params = record
+            row = fetch_one(
+                _save_with_record_sql(ctes, len(events), checkpoint), [*record_params, *params]
+            )
+            self._saved(row, len(events))
+            self.ledger.deferred_done(row is not None and row[2] > 0)
+            self.one_ahead = (model_calls_ahead, requests_ahead, executions_ahead) == (1, 1, 1)
+            return
+        sql = _save_sql(len(events), checkpoint, durable, postgresql)
+        if events and postgresql:
+            row = fetch_one(sql, params)
+        else:
+            # Elsewhere (SQLite in standalone mode) the same in a transaction.
+            with transaction.atomic() if events else nullcontext():
+                row = fetch_one(sql, params[: len(params) - len(events) * len(_EVENT_COLUMNS)])
+                if row is not None and events:
+                    TraceEvent.objects.bulk_create(
+                        TraceEvent(task_id=self.task.id, phase=self.task.phase, seq=seq, **e)
+                        for seq, e in enumerate(events, start=self.next_seq)
+                    )
+        self._saved(row, len(events))
+        self.one_ahead = (model_calls_ahead, requests_ahead, executions_ahead) == (1, 1, 1)
+
+    def _carried_save(self, *, executions_ahead: int) -> tuple[str, list[Any]]:
+        """The pending events and the counters as a save for the next claim to carry."""
+        events = tuple(self.pending)
+        params = self._save_params(events, executions_ahead=executions_ahead)
+        return save_ctes(len(events), False, True), params
+
+    def _save_params(
+        self,
+        events: tuple[dict[str, Any], ...],
+        *,
+        checkpoint: bool = False,
+        model_calls_ahead: int = 0,
+        requests_ahead: int = 0,
+        executions_ahead: int = 0,
+    ) -> list[Any]:
+        """The parameters of a save: counters, checkpoint, lease, then the events' rows."""
         guard = self.guard
         usage = guard.usage
-        first_seq = self.next_seq
-        events = tuple(_redacted_event(event) for event in events)
         params: list[Any] = [
             usage.model_calls + model_calls_ahead,
-            usage.requests,
+            usage.requests + requests_ahead,
             usage.executions + executions_ahead,
             usage.tokens,
             usage.polls,
             usage.elapsed_ms,
             guard.revision,
-            first_seq + len(events),
+            self.next_seq + len(events),
             # As the ORM stores it: SQLite keeps times as text and compares them as text.
             connection.ops.adapt_datetimefield_value(timezone.now()),
         ]
         if checkpoint:
             params.append(_CHECKPOINT_FIELD.get_db_prep_save(self._checkpoint(), connection))
         params += [self.task.id, self.owner]
-        if events and connection.vendor == "postgresql":
-            # One statement: the counters' UPDATE feeds the events' INSERT, so both happen
-            # or neither does, and a lost lease inserts nothing.
-            rows = [_event_row(self.task.id, self.task.phase, first_seq + i, e)
-                    for i, e in enumerate(events)]
-            sql = _SAVE_WITH_EVENTS.format(
-                save=(_SAVE_CHECKPOINT if checkpoint else _SAVE_COUNTERS).strip(),
-                values=", ".join([_EVENT_ROW] * len(rows)),
-            )
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params + [v for r in rows for v in r])
-                row = cursor.fetchone()
-        else:
-            # Elsewhere (SQLite in standalone mode) the same in a transaction.
-            with transaction.atomic() if events else nullcontext():
-                with connection.cursor() as cursor:
-                    cursor.execute(_SAVE_CHECKPOINT if checkpoint else _SAVE_COUNTERS, params)
-                    row = cursor.fetchone()
-                if row is not None and events:
-                    TraceEvent.objects.bulk_create(
-                        TraceEvent(task_id=self.task.id, phase=self.task.phase, seq=seq, **e)
-                        for seq, e in enumerate(events, start=first_seq)
-                    )
+        for i, event in enumerate(events):
+            params += _event_row(self.task.id, self.task.phase, self.next_seq + i, event)
+        return params
+
+    def _saved(self, row: tuple[Any, ...] | None, events: int) -> None:
+        """Take in what a save returned: the stop fact, or that the lease is gone."""
         if row is None:
             raise LeaseLost(f"task {self.task.id} is no longer driven by {self.owner}")
-        self.next_seq = first_seq + len(events)
+        self.next_seq += events
+        self.pending.clear()
         self.stop_seen = row[0] is not None
 
     def _checkpoint(self) -> dict[str, Any]:
+        guard = self.guard.checkpoint()
+        for name in _FROM_TRACE:
+            del guard[name]
         return {
             "phase": self.task.phase,
-            "guard": self.guard.checkpoint(),
+            "guard": guard,
             "agent": self.agent.memory,
             "observation": _encode(self.observation),
         }
@@ -635,9 +761,10 @@ class _Driver:
             # A step failed on the database: that is no verdict on the task. Record nothing;
             # recovery settles what was in flight and resumes from the last checkpoint.
             raise DatabaseError(f"the ledger failed ({self.ledger.unavailable}); left to recovery")
-        if report.reason is Reason.OPERATOR_STOP and not Task.objects.filter(
-            id=self.task.id, stop_requested_at__isnull=False
-        ).exists():
+        if (
+            report.reason is Reason.OPERATOR_STOP
+            and not Task.objects.filter(id=self.task.id, stop_requested_at__isnull=False).exists()
+        ):
             # The guard stopped because the stop fact could not be read, not because an
             # operator asked: record nothing and let recovery resume the task.
             raise DatabaseError("stopped on an unreadable stop fact; leaving it to recovery")
@@ -669,13 +796,12 @@ class _Driver:
         thought, a tool ran), it is asked again. If the database cannot be asked, nothing
         may start: the answer is "stop", and the driver leaves the task to recovery.
         """
-        if self.heartbeat.lost:
+        if self.heartbeat.lost or self.ledger.stop_recorded:
             return True
         if self.stop_seen is None:
             try:
-                self.stop_seen = Task.objects.filter(
-                    id=self.task.id, stop_requested_at__isnull=False
-                ).exists()
+                row = fetch_one(_STOP_FACT, [self.task.id])
+                self.stop_seen = row is None or row[0] is not None
             except DatabaseError:
                 logger.exception("task %s: cannot read its stop fact", self.task.id)
                 return True
@@ -694,11 +820,12 @@ class _Driver:
     # -- events ---------------------------------------------------------------------------
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        detail = fields.get("detail")
+        if detail:
+            fields["detail"] = redact_text(detail)  # error messages may quote credentials
         return {"kind": kind, "at": timezone.now(), **fields}
 
-    def _model_event(
-        self, proposal: Any, started: float, *, detail: str = ""
-    ) -> dict[str, Any]:
+    def _model_event(self, proposal: Any, started: float, *, detail: str = "") -> dict[str, Any]:
         if isinstance(proposal, Finish):
             decision, summary = Decision.FINISHED, "finish: " + preview(proposal.answer, 500)
         elif proposal is None:
@@ -768,6 +895,34 @@ class _Driver:
 
 _CHECKPOINT_FIELD = Task._meta.get_field("checkpoint")
 
+# Parts of the guard's checkpoint left out of the stored one: they grow with the phase
+# (every operation key it touched, its latest completed requests), so saving them with
+# every step would make a step's cost grow with the phase's length, and the phase's trace
+# events hold them already. _trace_history rebuilds them when a phase resumes.
+_FROM_TRACE = ("touched", "completed")
+
+
+def _trace_history(task: Task) -> dict[str, list[Any]]:
+    """The guard's ``touched`` and ``completed`` for the task's phase, from its trace.
+
+    ``touched``: the operation keys its requests named, in first-seen order (one that was
+    never claimed has no ledger entry, so the stop report cannot list it). ``completed``:
+    the latest ``COMPLETED_KEPT`` requests that executed or reused a successful result.
+    """
+    requests = (
+        TraceEvent.objects.filter(task_id=task.id, phase=task.phase, kind=EventKind.REQUEST)
+        .order_by("seq")
+        .values_list("tool", "fingerprint", "operation_key", "decision", "result_kind", "revision")
+    )
+    touched: dict[str, None] = {}
+    completed: list[list[Any]] = []
+    for tool, fp, key, decision, kind, revision in requests.iterator():
+        if key:
+            touched.setdefault(key, None)
+        if kind == Kind.SUCCESS and decision in (Decision.EXECUTED, Decision.REUSED):
+            completed.append([tool, fp, key or None, decision == Decision.REUSED, revision or 0])
+    return {"touched": list(touched), "completed": completed[-COMPLETED_KEPT:]}
+
 
 def _ms(seconds: float) -> int:
     return max(0, round(seconds * 1000))
@@ -808,4 +963,3 @@ def _decode(raw: Any) -> Any:
         nudge = raw["nudge"]
         return Nudge(nudge["message"], nudge["tool"], nudge["fingerprint"], Reason(nudge["reason"]))
     return None
-

@@ -279,6 +279,9 @@ LOOPGUARD_LEASE_SECONDS = env_float("LOOPGUARD_LEASE_SECONDS", 30.0)
 LOOPGUARD_SWEEP_SECONDS = env_float("LOOPGUARD_SWEEP_SECONDS", 10.0)
 LOOPGUARD_REQUEUE_AFTER_SECONDS = env_float("LOOPGUARD_REQUEUE_AFTER_SECONDS", 120.0)
 LOOPGUARD_MAX_RECOVERIES = env_int("LOOPGUARD_MAX_RECOVERIES", 3)
+# The runner prepares its few fixed statements (console/statements.py); off for poolers
+# that cannot keep prepared statements.
+LOOPGUARD_PREPARED_STATEMENTS = env_bool("LOOPGUARD_PREPARED_STATEMENTS", True)
 # The same agent and input started more than this many times inside the window is held.
 LOOPGUARD_RESTART_LIMIT = env_int("LOOPGUARD_RESTART_LIMIT", 3)
 LOOPGUARD_RESTART_WINDOW_SECONDS = env_int("LOOPGUARD_RESTART_WINDOW_SECONDS", 600)

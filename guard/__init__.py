@@ -13,7 +13,7 @@ answers them with the results.
 """
 
 from ._fingerprint import BadArguments, canonical_json, fingerprint
-from ._guard import Action, Decision, Guard, Ticket
+from ._guard import COMPLETED_KEPT, Action, Decision, Guard, Ticket
 from ._ledger import Claim, ClaimStatus, InMemoryLedger, Ledger, LedgerError, Operation
 from ._report import RESUME_CONDITIONS, Report
 from ._values import (
@@ -43,6 +43,7 @@ from .adapters import (
 )
 
 __all__ = [
+    "COMPLETED_KEPT",
     "RESUME_CONDITIONS",
     "Action",
     "BadArguments",

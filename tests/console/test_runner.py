@@ -153,7 +153,10 @@ def test_budgets_carry_over_and_a_spent_budget_needs_an_explicit_grant(
             task_id=task.id, actor=operator, reason="more", enqueue=lambda i: None
         )
     services.task_approve_resumption(
-        task_id=task.id, actor=operator, reason="two more", grant={"model_calls": 2},
+        task_id=task.id,
+        actor=operator,
+        reason="two more",
+        grant={"model_calls": 2},
         enqueue=lambda i: None,
     )
     runner.drive(task.id)
@@ -312,3 +315,169 @@ def test_credentials_quoted_in_a_tool_error_are_masked_before_anything_is_stored
     for text in stored:
         assert "hunter2" not in text
         assert "sk-live-abcdefghijklmnop" not in text
+
+
+# -- the step's statements: what rides on what, and what that must not change --------------
+
+
+def test_a_stop_recorded_while_the_model_thinks_refuses_the_write_it_proposed(
+    start: Start, operator: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.console.agents import NoticeWriter
+
+    real_plan = NoticeWriter.plan
+
+    def plan_then_stop(self: NoticeWriter, observation: Any) -> Any:
+        proposal = real_plan(self, observation)
+        if getattr(proposal, "operation_key", "").endswith("-notice-2"):
+            services.task_stop(task_id=self.task_id, actor=operator, reason="stop it")
+        return proposal
+
+    monkeypatch.setattr(NoticeWriter, "plan", plan_then_stop)
+    task = start("test_notices", {"count": 3})
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.CANCELLED, "operator_stop")
+    assert task.executions == 1
+    assert list(Operation.objects.filter(task=task).values_list("key", flat=True)) == [
+        f"task-{task.id}-notice-1"
+    ]
+    assert not Notice.objects.filter(idempotency_key=f"task-{task.id}-notice-2").exists()
+    # The model call that proposed the refused write is in the trace, before the stop.
+    assert _events(task)[-3:] == [
+        ("model_call", "planned", ""),
+        ("request", "blocked", "send_notice"),
+        ("stop", "", ""),
+    ]
+
+
+def test_a_stop_recorded_while_the_model_thinks_refuses_the_read_it_proposed(
+    start: Start, operator: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.console.agents import SlowReader
+
+    real_plan = SlowReader.plan
+
+    def plan_then_stop(self: SlowReader, observation: Any) -> Any:
+        proposal = real_plan(self, observation)
+        if self.memory.get("read") == 2:
+            services.task_stop(task_id=self.task_id, actor=operator, reason="stop it")
+        return proposal
+
+    monkeypatch.setattr(SlowReader, "plan", plan_then_stop)
+    task = start("test_reader", {"pages": 5})
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.CANCELLED, "operator_stop")
+    assert (task.executions, task.checkpoint["agent"]["read"]) == (2, 2)
+    assert _events(task)[-3:] == [
+        ("model_call", "planned", ""),
+        ("request", "blocked", "read_page"),
+        ("stop", "", ""),
+    ]
+
+
+@pytest.mark.parametrize("count", [1, 2], ids=["its-last-write", "a-write-before-more"])
+def test_a_write_settled_by_a_human_while_it_ran_stops_the_task_for_a_human(
+    start: Start,
+    operator: User,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: Any,
+    count: int,
+) -> None:
+    """The driver's lease ran out inside the tool and a reconciler marked the write not
+    committed; the tool then returned and inspect saw it committed. Whether the guard
+    stopped on that step (the task's last write) or would go on, the record fails and the
+    task waits for a human: the reconciler's fact is not overwritten."""
+    from tests.console.agents import NoticeWriter
+
+    settings.LOOPGUARD_LEASE_SECONDS = 30  # no renewal while the test expires the lease
+    real_send = NoticeWriter._send
+
+    def send_while_reconciled(self: NoticeWriter, call: Any) -> Any:
+        result = real_send(self, call)
+        Task.objects.filter(id=self.task_id).update(
+            lease_expires_at=timezone.now() - timedelta(seconds=1)
+        )
+        services.operation_mark_not_committed(
+            key=str(call.operation_key), actor=operator, evidence="nothing in the desk"
+        )
+        return result
+
+    monkeypatch.setattr(NoticeWriter, "_send", send_while_reconciled)
+    task = start("test_notices", {"count": count})
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    key = f"task-{task.id}-notice-1"
+    assert (task.state, task.reason) == (TaskState.NEEDS_HUMAN, "unknown_commit")
+    assert "NOT_COMMITTED, cannot become COMMITTED" in task.detail
+    assert Operation.objects.get(key=key).state == OperationState.NOT_COMMITTED
+    assert task.executions == 1
+    report = StopReport.objects.get(task=task).report
+    assert [(op["key"], op["state"]) for op in report["operations"]] == [(key, "NOT_COMMITTED")]
+
+
+def test_the_checkpoint_stays_small_however_many_operations_a_phase_touches(
+    start: Start,
+) -> None:
+    task = start("test_notices", {"count": 30}, model_calls=40, requests=40, executions=40)
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.COMPLETED, "goal_met")
+    assert len(json.dumps(task.checkpoint)) < 1500
+    report = StopReport.objects.get(task=task).report
+    assert len(report["operations"]) == 30  # the report still names every one
+
+
+def test_a_resumed_phase_remembers_the_operations_it_touched_before_the_crash(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = start("test_notices", {"count": 3})
+    real_claim = DatabaseLedger.claim
+
+    def claim_after_losing_the_connection(self: DatabaseLedger, key: str, fp: str) -> Any:
+        if key.endswith("-notice-3") and not Task.objects.get(id=task.id).recoveries:
+            _terminate(connection)
+        return real_claim(self, key, fp)
+
+    monkeypatch.setattr(DatabaseLedger, "claim", claim_after_losing_the_connection)
+    with pytest.raises(DatabaseError):
+        runner.drive(task.id)
+    connection.close()
+    Task.objects.filter(id=task.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    runner.sweep(enqueue=lambda task_id: None)
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason, task.recoveries) == (TaskState.COMPLETED, "goal_met", 1)
+    report = StopReport.objects.get(task=task).report
+    keys = [f"task-{task.id}-notice-{n}" for n in (1, 2, 3)]
+    assert [op["key"] for op in report["operations"]] == keys
+    assert [step["operation_key"] for step in report["completed"]] == keys
+    assert report["completed_total"] == 3
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "not-prepared"])
+def test_the_runner_prepares_its_statements_unless_told_not_to(
+    start: Start, settings: Any, prepared: bool
+) -> None:
+    settings.LOOPGUARD_PREPARED_STATEMENTS = prepared
+    writes = start("test_notices", {"count": 2})
+    reads = start("test_reader", {"pages": 2})
+
+    assert runner.drive(writes.id) == "COMPLETED/goal_met"
+    assert runner.drive(reads.id) == "COMPLETED/goal_met"
+
+    with connection.cursor() as cursor:  # the drivers ran on this thread's connection
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        (count,) = cursor.fetchone()
+    assert (count > 0) is prepared
