@@ -69,6 +69,7 @@ from .statements import fetch_one
 logger = logging.getLogger(__name__)
 
 STOP_POLL_S = 0.2  # how often a waiting driver looks for a stop: well under a second
+QUICK_MODEL_CALL_S = 0.05  # a model call this quick has its event saved with its read
 
 
 def lease_seconds() -> float:
@@ -457,13 +458,15 @@ class _Driver:
       the model thinks or the next tool runs never gives them back;
     - after the model call, when it proposed one call: nothing of its own. Its event
       waits for the next statement: a write's claim, which also reads the stop fact in
-      its own transaction (the gate), or, for a read, the save after it, the stop fact
-      being read just before the read starts;
-    - after any other model call (several calls, or the first of a drive): its event and
-      counters, executions counted ahead. That commit does not wait for the disk: a
-      worker crash cannot lose it (the database has it), and the next synchronous
-      commit (a claim, or the reads' own save) flushes it. Only a crash of the database
-      server in between can lose it, and with it the count of those reads;
+      its own transaction (the gate), or, for a read after a quick model call
+      (``QUICK_MODEL_CALL_S``), the save after it, the stop fact being read just before
+      the read starts;
+    - after any other model call (several calls, a read after a slow model call, the
+      first of a drive): its event and counters, executions counted ahead. That commit
+      does not wait for the disk: a worker crash cannot lose it (the database has it),
+      and the next synchronous commit (a claim, or the reads' own save) flushes it.
+      Only a crash of the database server in between can lose it, and with it the
+      count of those reads;
     - before a drive's first model call and before a wait: the model-call counter,
       already counting the next call.
 
@@ -544,16 +547,20 @@ class _Driver:
                 self.observation = admitted
                 self._save(model_event, self._nudge_event(admitted), checkpoint=True)
                 continue
-            if self.one_ahead and isinstance(proposal, Call):
-                # The last save counted this model call, one request and its execution
-                # ahead: the model call's event can wait for the next statement.
+            # When the last save counted this model call, one request and its execution
+            # ahead, a one-call proposal's event can wait for the next statement.
+            one = proposal if self.one_ahead and isinstance(proposal, Call) else None
+            if one is not None and one.effect == "write" and self.postgresql:
+                # It rides on the claim, which reads the stop fact in its own
+                # transaction: the stop fact read before the model call may stand.
                 self.pending.append(model_event)
-                if proposal.effect == "write" and self.postgresql:
-                    # It rides on the claim, which reads the stop fact in its own
-                    # transaction: the stop fact read before the model call may stand.
-                    self.ledger.carry(*self._carried_save(executions_ahead=1))
-                else:
-                    self.stop_seen = None  # the model may have taken a while: ask again
+                self.ledger.carry(*self._carried_save(executions_ahead=1))
+            elif one is not None and time.monotonic() - started < QUICK_MODEL_CALL_S:
+                # A read: its event goes with the read's save. After a slow model call
+                # (a real one) it is saved at once instead, so that the live trace
+                # shows what runs while it runs; beside the model, that costs nothing.
+                self.pending.append(model_event)
+                self.stop_seen = None  # ask again, just before the read starts
             else:
                 # Not waiting for the disk here: what follows is either a claim, whose
                 # synchronous commit flushes this save too before any write runs, or

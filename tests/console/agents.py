@@ -76,7 +76,8 @@ class NoticeWriter(Agent):
 
 
 class SlowReader(Agent):
-    """Reads ``pages`` pages, ``sleep_ms`` inside each read; progress is kept in memory."""
+    """Reads ``pages`` pages, ``sleep_ms`` inside each read (``think_ms`` in each model call);
+    progress is kept in memory."""
 
     name = "test_reader"
     title = "Slow reader (tests)"
@@ -90,6 +91,7 @@ class SlowReader(Agent):
         return Result(Kind.SUCCESS, {"page": page, "items": [f"item-{page}"]})
 
     def plan(self, observation: Any) -> Call | Finish:
+        _sleep(self.input.get("think_ms"))  # a model that takes its time
         self.tokens = 10
         return Call("read_page", {"page": int(self.memory.get("read", 0)) + 1})
 

@@ -481,3 +481,35 @@ def test_the_runner_prepares_its_statements_unless_told_not_to(
         cursor.execute("SELECT count(*) FROM pg_prepared_statements")
         (count,) = cursor.fetchone()
     assert (count > 0) is prepared
+
+
+@pytest.mark.parametrize(
+    ("think_ms", "model_calls_in_trace_during_each_read"),
+    # A drive's first model call is always saved before its read.
+    [(0, [1, 1, 2]), (120, [1, 2, 3])],
+    ids=["quick-model-event-saved-with-the-read", "slow-model-event-shown-during-the-read"],
+)
+def test_after_a_slow_model_call_the_live_trace_shows_the_read_while_it_runs(
+    start: Start,
+    monkeypatch: pytest.MonkeyPatch,
+    think_ms: int,
+    model_calls_in_trace_during_each_read: list[int],
+) -> None:
+    from tests.console.agents import SlowReader
+
+    real_read = SlowReader._read
+    seen: list[int] = []
+
+    def read_and_look(self: SlowReader, call: Any) -> Any:
+        seen.append(
+            TraceEvent.objects.filter(task_id=self.task_id, kind="model_call").count()
+        )
+        return real_read(self, call)
+
+    monkeypatch.setattr(SlowReader, "_read", read_and_look)
+    task = start("test_reader", {"pages": 3, "think_ms": think_ms})
+
+    assert runner.drive(task.id) == "COMPLETED/goal_met"
+
+    assert seen == model_calls_in_trace_during_each_read
+    assert [kind for kind, _, _ in _events(task)] == ["model_call", "request"] * 3 + ["stop"]

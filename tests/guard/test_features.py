@@ -1069,3 +1069,28 @@ def test_reporting_a_result_for_a_ticket_that_was_never_let_through_is_refused()
 
     with pytest.raises(ValueError):
         guard.after_tool(admitted[0], Result(Kind.SUCCESS), inspect=Inspector(Evidence(0, False)))
+
+
+def test_the_host_can_halt_the_guard_and_the_stop_is_sticky() -> None:
+    clock = Clock()
+    guard = make_guard(clock)
+    assert guard.before_model() is None
+    admitted = guard.before_tools(read("read_inbox"))
+    assert isinstance(admitted, list)
+
+    report = guard.halt(State.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT, "ledger: the record failed")
+
+    assert (report.state, report.reason) == (State.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT)
+    assert report.detail == "ledger: the record failed"
+    assert (report.model_calls, report.requests, report.executions) == (1, 1, 0)
+    decision = guard.before_tool(admitted[0])
+    assert decision.action is Action.STOP and decision.report is report
+    assert guard.before_model() is report
+    assert guard.halt(State.FAILED, Reason.FATAL) is report  # the first word stands
+
+
+def test_halting_takes_only_the_words_of_the_contract() -> None:
+    guard = make_guard(Clock())
+    with pytest.raises(ValueError):
+        guard.halt("STOPPED", Reason.FATAL)  # type: ignore[arg-type]
+    assert guard.before_model() is None  # a refused halt stops nothing
