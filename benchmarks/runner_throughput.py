@@ -202,6 +202,7 @@ _VERB = re.compile(
     r"ROLLBACK TO SAVEPOINT)\b",
     re.IGNORECASE,
 )
+_PART = re.compile(r"(?<!DO )\b(UPDATE|INSERT INTO|DELETE FROM)\s+\"?(\w+)\"?", re.IGNORECASE)
 _TABLE = re.compile(r'\b(?:FROM|INTO|UPDATE)\s+"?(\w+)"?', re.IGNORECASE)
 _PACKAGES = (f"{os.sep}console{os.sep}", f"{os.sep}guard{os.sep}")
 _ONE_OFF = frozenset({"_acquire", "_Driver._finish", "Guard._stop", "_Heartbeat.run"})
@@ -210,6 +211,14 @@ _ONE_OFF = frozenset({"_acquire", "_Driver._finish", "Guard._stop", "_Heartbeat.
 def statement_shape(text: str) -> str:
     """A statement without its columns and values: verb, main table, locking and conflicts."""
     flat = " ".join(text.split())
+    if flat.upper().startswith("WITH "):
+        # One statement of several parts: each part's verb and table, in order.
+        parts = [
+            f"{verb.split()[0].upper()} {table.removeprefix('console_')}"
+            for verb, table in _PART.findall(flat)
+        ]
+        lock = " … FOR SHARE" if "FOR SHARE" in flat.upper() else ""
+        return "WITH " + " + ".join(parts) + lock
     match = _VERB.match(flat)
     if match is None:
         return flat[:40]
@@ -765,7 +774,7 @@ def print_breakdown(log: QueryLog, steps: int) -> None:
         f"\nwhere the guarded queries go ({steps}-step attributed run; a step's first "
         "cancel check and save run before its plan, so they are counted on the step before):"
     )
-    print(f"{'read':>5} {'write':>6}  {'statement':<56} sent by")
+    print(f"{'read':>5} {'write':>6}  {'statement':<64} sent by")
     rows: dict[tuple[str, str], dict[str, int]] = {}
     for (kind, shape, where), count in log.by_caller.items():
         rows.setdefault((shape, where), {})[kind] = count
@@ -780,7 +789,7 @@ def print_breakdown(log: QueryLog, steps: int) -> None:
         totals["read"] += r
         totals["write"] += w
         if r or w:
-            print(f"{r:>5.2f} {w:>6.2f}  {shape:<56} {where}")
+            print(f"{r:>5.2f} {w:>6.2f}  {shape:<64} {where}")
         if kinds.get("one-off"):
             one_offs.append(f"{kinds['one-off']} x {shape} ({where})")
     print(f"{totals['read']:>5.2f} {totals['write']:>6.2f}  total queries per step")

@@ -12,6 +12,7 @@ deleted.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -27,6 +28,8 @@ from guard import OperationState as State
 from .models import Operation, OperationEvent
 from .redaction import preview, redact
 from .statements import fetch_one
+
+logger = logging.getLogger(__name__)
 
 
 class StopRecorded(RuntimeError):
@@ -213,6 +216,19 @@ class DatabaseLedger:
                 self._deferred[0], self._deferred[1], State.COMMITTED
             )
         self._deferred = None
+
+    def rescue_deferred(self) -> None:
+        """The save carrying the deferred record failed on the database: make the record
+        on its own, on a new connection, if the database answers; keep quiet if not."""
+        if self._deferred is None:
+            return
+        key = self._deferred[0]
+        try:
+            connection.close()
+            self.flush()
+        except DatabaseError:
+            logger.warning("task %s: %s could not be recorded; recovery will see it", self.task_id,
+                           key)
 
     def flush(self) -> None:
         """Make a deferred record now: before the ledger is read, so reads see it."""

@@ -459,8 +459,8 @@ class _Driver:
     - after the model call, when it proposed one call: nothing of its own. Its event
       waits for the next statement: a write's claim, which also reads the stop fact in
       its own transaction (the gate), or, for a read after a quick model call
-      (``QUICK_MODEL_CALL_S``), the save after it, the stop fact being read just before
-      the read starts;
+      (``QUICK_MODEL_CALL_S``) that spent nothing else (tokens, a poll), the save after
+      it, the stop fact being read just before the read starts;
     - after any other model call (several calls, a read after a slow model call, the
       first of a drive): its event and counters, executions counted ahead. That commit
       does not wait for the disk: a worker crash cannot lose it (the database has it),
@@ -548,13 +548,20 @@ class _Driver:
                 self._save(model_event, self._nudge_event(admitted), checkpoint=True)
                 continue
             # When the last save counted this model call, one request and its execution
-            # ahead, a one-call proposal's event can wait for the next statement.
+            # ahead, a one-call proposal's event can wait for the next statement, unless
+            # the step spent what was not counted ahead (tokens, a poll).
             one = proposal if self.one_ahead and isinstance(proposal, Call) else None
+            if one is not None and (agent.tokens or admitted[0].poll):
+                one = None
             if one is not None and one.effect == "write" and self.postgresql:
                 # It rides on the claim, which reads the stop fact in its own
-                # transaction: the stop fact read before the model call may stand.
+                # transaction: the stop fact read before the model call may stand,
+                # unless the guard may refuse before claiming (then a stop recorded
+                # meanwhile must be seen, to be named as the reason).
                 self.pending.append(model_event)
                 self.ledger.carry(*self._carried_save(executions_ahead=1))
+                if 0 in guard.remaining().values():
+                    self.stop_seen = None
             elif one is not None and time.monotonic() - started < QUICK_MODEL_CALL_S:
                 # A read: its event goes with the read's save. After a slow model call
                 # (a real one) it is saved at once instead, so that the live trace
@@ -682,9 +689,16 @@ class _Driver:
         postgresql = self.postgresql
         if record is not None:
             ctes, record_params = record
-            row = fetch_one(
-                _save_with_record_sql(ctes, len(events), checkpoint), [*record_params, *params]
-            )
+            try:
+                row = fetch_one(
+                    _save_with_record_sql(ctes, len(events), checkpoint),
+                    [*record_params, *params],
+                )
+            except DatabaseError:
+                # The write ran and was verified: try to record it on its own, so that
+                # recovery finds it COMMITTED rather than turning it UNKNOWN.
+                self.ledger.rescue_deferred()
+                raise
             self._saved(row, len(events))
             self.ledger.deferred_done(row is not None and row[2] > 0)
             self.one_ahead = (model_calls_ahead, requests_ahead, executions_ahead) == (1, 1, 1)
@@ -919,16 +933,28 @@ def _trace_history(task: Task) -> dict[str, list[Any]]:
     requests = (
         TraceEvent.objects.filter(task_id=task.id, phase=task.phase, kind=EventKind.REQUEST)
         .order_by("seq")
-        .values_list("tool", "fingerprint", "operation_key", "decision", "result_kind", "revision")
+        .values_list(
+            "tool", "fingerprint", "operation_key", "decision", "reason", "result_kind", "revision"
+        )
     )
     touched: dict[str, None] = {}
     completed: list[list[Any]] = []
-    for tool, fp, key, decision, kind, revision in requests.iterator():
-        if key:
+    for tool, fp, key, decision, reason, kind, revision in requests.iterator():
+        ran = decision in (Decision.EXECUTED, Decision.REUSED)
+        if key and (ran or reason in _MET_THE_LEDGER):
             touched.setdefault(key, None)
-        if kind == Kind.SUCCESS and decision in (Decision.EXECUTED, Decision.REUSED):
+        if ran and kind == Kind.SUCCESS and reason in _COMPLETED_THEN:
             completed.append([tool, fp, key or None, decision == Decision.REUSED, revision or 0])
     return {"touched": list(touched), "completed": completed[-COMPLETED_KEPT:]}
+
+
+# A request blocked for these reasons had its key looked up in the ledger first.
+_MET_THE_LEDGER = frozenset(
+    {Reason.OPERATION_CONFLICT, Reason.OPERATION_IN_FLIGHT, Reason.UNKNOWN_COMMIT}
+)
+# A successful request counts as completed unless it stopped the task before the guard
+# could count it (its evidence was refused, its commit could not be settled).
+_COMPLETED_THEN = frozenset({"", Reason.GOAL_MET, Reason.NO_PROGRESS, Reason.INVALID_WAIT})
 
 
 def _ms(seconds: float) -> int:

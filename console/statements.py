@@ -20,7 +20,7 @@ from typing import Any, Self
 import psycopg
 import psycopg.abc
 from django.conf import settings
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
 Params = Sequence[Any] | Mapping[str, Any]
@@ -36,11 +36,13 @@ def fetch_one(sql: str, params: Params) -> tuple[Any, ...] | None:
 
 
 def _cursor() -> CursorWrapper:
-    if connection.vendor != "postgresql" or not settings.LOOPGUARD_PREPARED_STATEMENTS:
-        return connection.cursor()
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    session = connection.connection
+    db = connections[DEFAULT_DB_ALIAS]  # the thread's wrapper, looked up once
+    if db.vendor != "postgresql" or not settings.LOOPGUARD_PREPARED_STATEMENTS:
+        return db.cursor()
+    if db.connection is None:
+        db.ensure_connection()
+    db.validate_thread_sharing()
+    session = db.connection
     if session.prepare_threshold is None:
         # Django opens connections with preparing off (None), which psycopg honours even
         # for prepare=True. A threshold no statement reaches turns it back on for these
@@ -48,9 +50,9 @@ def _cursor() -> CursorWrapper:
         session.prepare_threshold = _NEVER_BY_COUNT
     raw = _Prepared(session)
     # Django's wrappers: its error translation, execute_wrappers and query logging.
-    if connection.queries_logged:
-        return CursorDebugWrapper(raw, connection)
-    return CursorWrapper(raw, connection)
+    if db.queries_logged:
+        return CursorDebugWrapper(raw, db)
+    return CursorWrapper(raw, db)
 
 
 class _Prepared(psycopg.Cursor[Any]):

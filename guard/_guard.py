@@ -529,10 +529,11 @@ class Guard:
     def halt(self, state: State, reason: Reason, detail: str = "") -> Report:
         """Stop now for a reason found outside the guard: the host's word, for instance
         a ledger that records lazily finding that it could not. Sticky like every stop."""
+        state, reason = State(state), Reason(reason)  # refused before anything changes
         if self._report is not None:
             return self._report
         self._planning = False
-        return self._stop(State(state), Reason(reason), detail=detail)
+        return self._stop(state, reason, detail=detail)
 
     def before_wait(self) -> float | Report:
         """Milliseconds to wait before the next model call (0: none), or the stop report."""

@@ -22,6 +22,8 @@ class Migration(migrations.Migration):
     dependencies = [("console", "0008_stop_reports_per_phase")]
 
     operations = [
+        # Reversed, the AlterField below rebuilds the table again: triggers after it.
+        migrations.RunPython(migrations.RunPython.noop, _triggers_again),
         migrations.AlterField(
             model_name="traceevent",
             name="task",

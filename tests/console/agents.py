@@ -76,8 +76,8 @@ class NoticeWriter(Agent):
 
 
 class SlowReader(Agent):
-    """Reads ``pages`` pages, ``sleep_ms`` inside each read (``think_ms`` in each model call);
-    progress is kept in memory."""
+    """Reads ``pages`` pages, ``sleep_ms`` inside each read (``think_ms`` in each model call,
+    which reports ``tokens``, 10 by default); progress is kept in memory."""
 
     name = "test_reader"
     title = "Slow reader (tests)"
@@ -92,7 +92,7 @@ class SlowReader(Agent):
 
     def plan(self, observation: Any) -> Call | Finish:
         _sleep(self.input.get("think_ms"))  # a model that takes its time
-        self.tokens = 10
+        self.tokens = int(self.input.get("tokens", 10))
         return Call("read_page", {"page": int(self.memory.get("read", 0)) + 1})
 
     def inspect(self, result: Result | None, step: Call | Finish) -> Evidence:

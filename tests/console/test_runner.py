@@ -507,9 +507,88 @@ def test_after_a_slow_model_call_the_live_trace_shows_the_read_while_it_runs(
         return real_read(self, call)
 
     monkeypatch.setattr(SlowReader, "_read", read_and_look)
-    task = start("test_reader", {"pages": 3, "think_ms": think_ms})
+    task = start("test_reader", {"pages": 3, "think_ms": think_ms, "tokens": 0})
 
     assert runner.drive(task.id) == "COMPLETED/goal_met"
 
     assert seen == model_calls_in_trace_during_each_read
     assert [kind for kind, _, _ in _events(task)] == ["model_call", "request"] * 3 + ["stop"]
+
+
+def test_tokens_a_model_call_reported_are_saved_before_its_read_runs(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A quick model call's event may wait for the read's save, but not its tokens: they
+    are not counted ahead, and a crash inside the read must not give them back."""
+    from tests.console.agents import SlowReader
+
+    real_read = SlowReader._read
+    tokens_in_row: list[int] = []
+
+    def read_and_look(self: SlowReader, call: Any) -> Any:
+        tokens_in_row.append(Task.objects.get(id=self.task_id).tokens)
+        return real_read(self, call)
+
+    monkeypatch.setattr(SlowReader, "_read", read_and_look)
+    task = start("test_reader", {"pages": 3, "tokens": 7})
+
+    assert runner.drive(task.id) == "COMPLETED/goal_met"
+
+    assert tokens_in_row == [7, 14, 21]
+
+
+def test_a_stop_recorded_while_the_model_thinks_past_the_deadline_is_named_as_the_reason(
+    start: Start, operator: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.console.agents import NoticeWriter
+
+    real_plan = NoticeWriter.plan
+
+    def plan_stop_and_overrun(self: NoticeWriter, observation: Any) -> Any:
+        proposal = real_plan(self, observation)
+        if getattr(proposal, "operation_key", "").endswith("-notice-2"):
+            services.task_stop(task_id=self.task_id, actor=operator, reason="stop it")
+            time.sleep(0.6)  # past the deadline by the time the write reaches its entry
+        return proposal
+
+    monkeypatch.setattr(NoticeWriter, "plan", plan_stop_and_overrun)
+    task = start("test_notices", {"count": 3}, deadline_ms=400)
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.CANCELLED, "operator_stop")
+    assert not Notice.objects.filter(idempotency_key=f"task-{task.id}-notice-2").exists()
+
+
+def test_a_verified_write_whose_save_is_cut_off_is_still_recorded_committed(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record rides on the save after the tool. If the database drops that statement,
+    the driver records the write on its own before giving up, so recovery resumes the task
+    instead of sending it to a human with an UNKNOWN operation."""
+    task = start("test_notices", {"count": 2})
+    real_fetch_one = runner.fetch_one
+    cut: list[str] = []
+
+    def fetch_one_cut_at_the_first_record(sql: str, params: Any) -> Any:
+        if not cut and "moved AS" in sql:
+            cut.append(sql)
+            _terminate(connection)
+        return real_fetch_one(sql, params)
+
+    monkeypatch.setattr(runner, "fetch_one", fetch_one_cut_at_the_first_record)
+    with pytest.raises(DatabaseError):
+        runner.drive(task.id)
+    connection.close()
+
+    first = f"task-{task.id}-notice-1"
+    assert cut
+    assert Operation.objects.get(key=first).state == OperationState.COMMITTED
+    Task.objects.filter(id=task.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert runner.sweep(enqueue=lambda task_id: None)["resumed"] == 1
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason, task.recoveries) == (TaskState.COMPLETED, "goal_met", 1)
+    assert Notice.objects.filter(idempotency_key__startswith=f"task-{task.id}-").count() == 2

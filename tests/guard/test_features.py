@@ -1091,6 +1091,10 @@ def test_the_host_can_halt_the_guard_and_the_stop_is_sticky() -> None:
 
 def test_halting_takes_only_the_words_of_the_contract() -> None:
     guard = make_guard(Clock())
+    assert guard.before_model() is None
     with pytest.raises(ValueError):
         guard.halt("STOPPED", Reason.FATAL)  # type: ignore[arg-type]
-    assert guard.before_model() is None  # a refused halt stops nothing
+    with pytest.raises(ValueError):
+        guard.halt(State.FAILED, "tired")  # type: ignore[arg-type]
+    # A refused halt changed nothing: the model call in progress still proposes.
+    assert isinstance(guard.before_tools(read("read_inbox")), list)
