@@ -357,7 +357,9 @@ def install(log: QueryLog) -> None:
 
 
 class ServerStats:
-    """``xact_commit`` of the benchmark database, read from a session on another database.
+    """``xact_commit`` of the benchmark database, and the server's WAL flushes
+    (``pg_stat_wal.wal_sync``: commits that waited for the disk, and the WAL writer's own
+    flushes), read from a session on another database.
 
     The reader sits in ``postgres`` so that its own statements never count. A backend
     flushes its statistics at most once a second while alive and always when it exits,
@@ -368,17 +370,19 @@ class ServerStats:
         self._conn = psycopg.connect(f"{server}/postgres", autocommit=True)
         self._database = database
 
-    def _read(self) -> int:
+    def _read(self) -> tuple[int, int]:
         self._conn.execute("SELECT pg_stat_clear_snapshot()")
         row = self._conn.execute(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", [self._database]
+            "SELECT xact_commit, (SELECT wal_sync FROM pg_stat_wal) FROM pg_stat_database"
+            " WHERE datname = %s",
+            [self._database],
         ).fetchone()
         if row is None:
             raise RuntimeError(f"no statistics for database {self._database}")
-        return int(row[0])
+        return int(row[0]), int(row[1])
 
-    def commits(self) -> int:
-        """The settled commit count (unchanged over 100 ms; at most 5 s of waiting)."""
+    def commits(self) -> tuple[int, int]:
+        """The settled commit and WAL flush counts (unchanged over 100 ms; at most 5 s)."""
         last = self._read()
         for _ in range(50):
             time.sleep(0.1)
@@ -406,6 +410,7 @@ class Run:
     round_trips: int
     transactions: int
     server_commits: int
+    disk_flushes: int
     cpu_seconds: float
     heartbeat_queries: int = 0
     step_seconds: list[float] = field(default_factory=list)
@@ -462,7 +467,8 @@ def guarded(url: str, steps: int, log: QueryLog, stats: ServerStats, *, attribut
         queries=log.queries,
         round_trips=log.round_trips,
         transactions=log.transactions,
-        server_commits=after - before,
+        server_commits=after[0] - before[0],
+        disk_flushes=after[1] - before[1],
         cpu_seconds=cpu,
         heartbeat_queries=log.by_thread["heartbeat"],
         step_seconds=[b - a for a, b in itertools.pairwise(times)],
@@ -531,7 +537,8 @@ def raw(url: str, steps: int, stats: ServerStats, *, step_commit: bool = False) 
     after = stats.commits()
     # Autocommit: every statement is one round trip and one transaction. (psycopg also
     # prepares each statement after its 5th use, one extra round trip apiece.)
-    return Run(steps, seconds, queries, queries, queries, after - before, cpu)
+    commits, flushes = after[0] - before[0], after[1] - before[1]
+    return Run(steps, seconds, queries, queries, queries, commits, flushes, cpu)
 
 
 def stop_latencies(url: str, rounds: int) -> list[float]:
@@ -732,6 +739,7 @@ def print_report(
         ("round trips/step (+BEGIN/COMMIT)", per_step(lambda r: r.round_trips)),
         ("transactions/step (client side)", per_step(lambda r: r.transactions)),
         ("commits/step (server xact_commit)", per_step(lambda r: r.server_commits)),
+        ("WAL flushes/step (pg_stat_wal)", per_step(lambda r: r.disk_flushes)),
     ]
     stop_met = "met" if stop_max < 1.0 else "NOT met"
     print(
