@@ -782,7 +782,7 @@ def print_breakdown(log: QueryLog, steps: int) -> None:
         f"\nwhere the guarded queries go ({steps}-step attributed run; a step's first "
         "cancel check and save run before its plan, so they are counted on the step before):"
     )
-    print(f"{'read':>5} {'write':>6}  {'statement':<64} sent by")
+    print(f"{'read':>5} {'write':>6}  {'statement':<82} sent by")
     rows: dict[tuple[str, str], dict[str, int]] = {}
     for (kind, shape, where), count in log.by_caller.items():
         rows.setdefault((shape, where), {})[kind] = count
@@ -797,7 +797,7 @@ def print_breakdown(log: QueryLog, steps: int) -> None:
         totals["read"] += r
         totals["write"] += w
         if r or w:
-            print(f"{r:>5.2f} {w:>6.2f}  {shape:<64} {where}")
+            print(f"{r:>5.2f} {w:>6.2f}  {shape:<82} {where}")
         if kinds.get("one-off"):
             one_offs.append(f"{kinds['one-off']} x {shape} ({where})")
     print(f"{totals['read']:>5.2f} {totals['write']:>6.2f}  total queries per step")
