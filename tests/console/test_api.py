@@ -663,3 +663,42 @@ def test_a_task_out_of_budget_resumes_only_with_an_explicit_grant(
     shown = granted.json()["task"]
     assert shown["limits"]["model_calls"] == 9
     assert shown["counters"]["model_calls"] == 4  # what was spent carries over
+
+
+def test_a_revoked_token_is_refused_from_then_on_and_its_name_can_be_reused(
+    django_user_model: type[User],
+) -> None:
+    ana = django_user_model.objects.create_user("ana")
+    assign(ana, [Role.VIEWER])
+    out = StringIO()
+    call_command("create_api_token", "ana", "--name", "ci", stdout=out)
+    secret = out.getvalue().strip().splitlines()[-1]
+    client = Client(headers={"authorization": f"Bearer {secret}"})
+    assert client.get("/api/tasks").status_code == 200
+
+    said = StringIO()
+    call_command("revoke_api_token", "ana", "--name", "ci", stdout=said)
+
+    assert "revoked API token 'ci' of ana" in said.getvalue()
+    refused = client.get("/api/tasks")
+    assert refused.status_code == 401
+    assert "revoked" in refused.json()["error"]
+    assert ApiToken.objects.get(user=ana).revoked_at is not None  # kept, not deleted
+    call_command("create_api_token", "ana", "--name", "ci", stdout=StringIO())
+    assert ApiToken.objects.filter(user=ana, revoked_at__isnull=True).count() == 1
+
+
+def test_revoking_a_token_that_is_not_live_says_which_ones_are(
+    django_user_model: type[User],
+) -> None:
+    django_user_model.objects.create_user("ana")
+    call_command("create_api_token", "ana", "--name", "ci", stdout=StringIO())
+    call_command("create_api_token", "ana", "--name", "laptop", stdout=StringIO())
+    call_command("revoke_api_token", "ana", "--name", "laptop", stdout=StringIO())
+
+    with pytest.raises(CommandError, match=r"no live token named 'laptop' \(live tokens: 'ci'\)"):
+        call_command("revoke_api_token", "ana", "--name", "laptop", stdout=StringIO())
+    nobody = r"bob has no live token named 'ci' \(live tokens: none\)"
+    with pytest.raises(CommandError, match=nobody):
+        call_command("revoke_api_token", "bob", "--name", "ci", stdout=StringIO())
+    assert ApiToken.objects.filter(revoked_at__isnull=True).count() == 1
