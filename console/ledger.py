@@ -328,7 +328,9 @@ class DatabaseLedger:
             self._carried = None  # sent once, whatever happens
             claim = [key, fingerprint, tool, self.task_id, args, now, now, now, self.task_id]
             row = fetch_one(_claim_after_save(ctes), [*saved, *claim])
-            self._carried_row = row[:2] if row is not None else None
+            if row is None:  # the save's UPDATE found no row driven by this owner
+                raise LeaseLost(f"task {self.task_id} is no longer driven by {self.owner}")
+            self._carried_row = row[:2]
         else:
             params: dict[str, Any] = {
                 "task": self.task_id,

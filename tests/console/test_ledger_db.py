@@ -24,8 +24,16 @@ from django.utils import timezone
 
 from console import services
 from console.ledger import DatabaseLedger, LeaseLost, StopRecorded
-from console.models import Operation, OperationEvent, OperationState, Task, TaskState
+from console.models import (
+    Operation,
+    OperationEvent,
+    OperationState,
+    Task,
+    TaskState,
+    TraceEvent,
+)
 from console.roles import Role, assign
+from console.runner import _event_row, save_ctes
 from guard import Call, ClaimStatus, Kind, LedgerError, Result
 from tests.waiting import CLAIMER, release_together
 from tests.workers import database_url
@@ -283,14 +291,50 @@ def test_get_returns_the_entry_or_none() -> None:
 # -- the gate: stop and lease, in the claim's own transaction --------------------------------
 
 
-def test_a_claim_after_the_stop_is_recorded_raises_and_inserts_nothing() -> None:
+def carrying(ledger: DatabaseLedger, task: Task) -> DatabaseLedger:
+    """``ledger`` with the driver's save of a model call (its event and counters) to carry
+    on its next claim, as the runner sends it when the model proposed one write."""
+    event = {"kind": "model_call", "at": timezone.now(), "decision": "planned"}
+    params = [1, 1, 1, 0, 0, 0, 0, task.next_seq + 1, timezone.now(), task.id, ledger.owner]
+    ledger.carry(
+        save_ctes(1, False, True), [*params, *_event_row(task.id, 1, task.next_seq, event)]
+    )
+    return ledger
+
+
+def saved_events(task: Task) -> list[str]:
+    return list(TraceEvent.objects.filter(task=task).values_list("kind", flat=True))
+
+
+@pytest.mark.parametrize("carried", [False, True], ids=["claim", "claim-carrying-a-save"])
+def test_a_claim_after_the_stop_is_recorded_raises_and_inserts_nothing(carried: bool) -> None:
     task = running_task(stop_requested_at=timezone.now())
+    ledger = ledger_for(task)
+    if carried:
+        carrying(ledger, task)
 
     with pytest.raises(StopRecorded):
-        ledger_for(task).claim(KEY, FP)
+        ledger.claim(KEY, FP)
 
     assert not Operation.objects.filter(key=KEY).exists()
     assert not OperationEvent.objects.exists()
+    # The model call that proposed the write is saved all the same, before the stop.
+    assert saved_events(task) == (["model_call"] if carried else [])
+    assert (ledger.carried() is not None) is carried
+
+
+def test_a_claim_carrying_a_save_commits_both_or_neither() -> None:
+    task = running_task()
+    ledger = carrying(ledger_for(task), task)
+
+    claim = ledger.claim(KEY, FP)
+
+    assert claim.status is ClaimStatus.CLAIMED
+    assert ledger.carried() is not None
+    task.refresh_from_db()
+    assert (task.model_calls, task.requests, task.executions, task.next_seq) == (1, 1, 1, 2)
+    assert saved_events(task) == ["model_call"]
+    assert history(KEY) == [("", "IN_FLIGHT")]
 
 
 def test_a_not_committed_operation_is_not_reclaimed_once_the_stop_is_recorded() -> None:
@@ -307,17 +351,26 @@ def test_a_not_committed_operation_is_not_reclaimed_once_the_stop_is_recorded() 
     assert (row.state, row.attempts) == ("NOT_COMMITTED", 1)
 
 
+@pytest.mark.parametrize("carried", [False, True], ids=["claim", "claim-carrying-a-save"])
 @pytest.mark.parametrize("holder", ["worker-b:2:0002", ""])
 def test_a_claim_by_a_driver_that_does_not_hold_the_lease_raises_and_inserts_nothing(
-    holder: str,
+    holder: str, carried: bool
 ) -> None:
     task = running_task(owner=holder)
+    ledger = ledger_for(task, owner=OWNER)
+    if carried:
+        carrying(ledger, task)
 
-    with pytest.raises(LeaseLost, match=holder or "nobody"):
-        ledger_for(task, owner=OWNER).claim(KEY, FP)
+    with pytest.raises(
+        LeaseLost, match=f"no longer driven by {OWNER}" if carried else holder or "nobody"
+    ):
+        ledger.claim(KEY, FP)
 
     assert not Operation.objects.exists()
     assert not OperationEvent.objects.exists()
+    assert saved_events(task) == []
+    task.refresh_from_db()
+    assert (task.model_calls, task.next_seq) == (0, 1)
 
 
 def test_a_claim_for_a_task_that_does_not_exist_raises_lease_lost() -> None:
@@ -327,8 +380,12 @@ def test_a_claim_for_a_task_that_does_not_exist_raises_lease_lost() -> None:
     assert not Operation.objects.exists()
 
 
-def test_an_operator_stop_waits_for_a_claim_in_progress_and_the_next_claim_sees_it() -> None:
-    """The claim holds the task row FOR SHARE: a stop lands before it or after it."""
+@pytest.mark.parametrize("carried", [False, True], ids=["claim", "claim-carrying-a-save"])
+def test_an_operator_stop_waits_for_a_claim_in_progress_and_the_next_claim_sees_it(
+    carried: bool,
+) -> None:
+    """The claim holds the task row (FOR SHARE, or its save's UPDATE): a stop lands before
+    it or after it."""
     task = running_task()
     operator = User.objects.create_user("olivia", password="x")
     assign(operator, [Role.OPERATOR])
@@ -341,7 +398,10 @@ def test_an_operator_stop_waits_for_a_claim_in_progress_and_the_next_claim_sees_
         try:
             # The outer transaction stretches the claim's own one, as a slow commit would.
             with transaction.atomic():
-                ledger_for(task).claim(KEY, FP)
+                ledger = ledger_for(task)
+                if carried:
+                    carrying(ledger, task)
+                ledger.claim(KEY, FP)
                 claimed.set()
                 release.wait(10)
         except BaseException as exc:
