@@ -260,6 +260,20 @@ LOOPGUARD_AGENTS = {
     "long_runner": "console.agents.demos.LongRunner",
 }
 
+# A model behind an OpenAI-compatible Chat Completions API, for agents whose planner is a real
+# model (console/agents/model.py). The support_desk_model agent is offered once it is set.
+LOOPGUARD_MODEL_URL = env_str("LOOPGUARD_MODEL_URL", "")
+LOOPGUARD_MODEL_NAME = env_str("LOOPGUARD_MODEL_NAME", "")
+LOOPGUARD_MODEL_API_KEY = env_str("LOOPGUARD_MODEL_API_KEY", "")
+LOOPGUARD_MODEL_TIMEOUT_SECONDS = env_float("LOOPGUARD_MODEL_TIMEOUT_SECONDS", 60.0)
+LOOPGUARD_MODEL_RETRIES = env_int("LOOPGUARD_MODEL_RETRIES", 2)
+if LOOPGUARD_MODEL_TIMEOUT_SECONDS <= 0 or LOOPGUARD_MODEL_RETRIES < 0:
+    raise ImproperlyConfigured(
+        "LOOPGUARD_MODEL_TIMEOUT_SECONDS must be above 0 and LOOPGUARD_MODEL_RETRIES at least 0"
+    )
+if LOOPGUARD_MODEL_URL:
+    LOOPGUARD_AGENTS["support_desk_model"] = "console.agents.model.SupportDeskModel"
+
 # Budgets every task starts from; an agent's defaults and the starter's values override them.
 LOOPGUARD_DEFAULT_LIMITS = {
     "deadline_ms": 600_000,

@@ -12,7 +12,13 @@ LOOPGUARD_AGENTS = {
     "test_notices": "tests.console.agents.NoticeWriter",
     "test_reader": "tests.console.agents.SlowReader",
     "test_waiter": "tests.console.agents.Waiter",
+    "support_desk_model": "console.agents.model.SupportDeskModel",
 }
+# A model that is never there (the discard port refuses): tests that talk to one start a
+# stub server of their own and point these at it.
+LOOPGUARD_MODEL_URL = "http://127.0.0.1:9/v1"
+LOOPGUARD_MODEL_NAME = "test-model"
+LOOPGUARD_MODEL_RETRIES = 0
 # Short leases so that crash recovery happens within a test's patience.
 LOOPGUARD_LEASE_SECONDS = 2.0
 LOOPGUARD_SWEEP_SECONDS = 1.0

@@ -1,0 +1,326 @@
+"""A hosted agent whose planner is a model behind an OpenAI-compatible HTTP API.
+
+The model here is a stub HTTP server on loopback that plays scripted replies in the Chat
+Completions wire format and keeps every request it got; the agent talks to it over real
+HTTP, and its tools act on the desk's real tables.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from console import runner, services
+from console.desk.models import Notice, Refund
+from console.desk.services import seed_demo_data
+from console.models import Operation, OperationState, StopReport, Task, TaskState, TraceEvent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+API_KEY = "sk-test-0123456789abcdefghij"
+DESK_INPUT = {"order": 42, "amount_cents": 1500, "reason": "the parcel arrived damaged"}
+
+Reply = tuple[int, Any]  # HTTP status, JSON body
+
+
+class WorkerGone(BaseException):
+    """The worker process vanishes here (nothing below catches a BaseException)."""
+
+
+class StubModel:
+    """Plays ``replies`` in order, one per request; records each request's headers and body."""
+
+    def __init__(self) -> None:
+        self.replies: list[Reply] = []
+        self.requests: list[dict[str, Any]] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                stub.requests.append(
+                    {
+                        "path": self.path,
+                        "authorization": self.headers.get("Authorization"),
+                        "body": json.loads(self.rfile.read(length)),
+                    }
+                )
+                status, body = stub.replies.pop(0) if stub.replies else (500, {"error": "none"})
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def messages(self, n: int) -> list[dict[str, Any]]:
+        """The messages the ``n``-th request (from 0) sent."""
+        return list(self.requests[n]["body"]["messages"])
+
+
+@pytest.fixture
+def model(settings: Any) -> Iterator[StubModel]:
+    stub = StubModel()
+    stub.thread.start()
+    settings.LOOPGUARD_MODEL_URL = stub.url
+    settings.LOOPGUARD_MODEL_API_KEY = API_KEY
+    settings.LOOPGUARD_MODEL_RETRIES = 1
+    try:
+        yield stub
+    finally:
+        stub.server.shutdown()
+        stub.server.server_close()
+
+
+def calls(*asked: tuple[str, str, Any], tokens: int = 100) -> Reply:
+    """A reply asking for tool calls: (call id, tool, arguments as an object or raw text)."""
+    tool_calls = [
+        {
+            "id": call_id,
+            "type": "function",
+            "function": {
+                "name": tool,
+                "arguments": args if isinstance(args, str) else json.dumps(args),
+            },
+        }
+        for call_id, tool, args in asked
+    ]
+    message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+    return 200, {"choices": [{"message": message}], "usage": {"total_tokens": tokens}}
+
+
+def text(content: str, tokens: int = 50) -> Reply:
+    message = {"role": "assistant", "content": content}
+    return 200, {"choices": [{"message": message}], "usage": {"total_tokens": tokens}}
+
+
+NOTICE = {
+    "order": 42,
+    "recipient": "ada@example.com",
+    "text": "We refunded 15.00 for order 42: the parcel arrived damaged.",
+}
+# The inspector sees the goal met once the notice is in the desk: no fourth model call.
+THE_WHOLE_JOB = [
+    calls(("call_1", "order_lookup", {"order": 42})),
+    calls(("call_2", "refund", {"order": 42, "amount_cents": 1500})),
+    calls(("call_3", "notify_customer", NOTICE)),
+]
+
+
+def start(input: dict[str, Any] | None = None) -> Task:
+    seed_demo_data()
+    return services.task_start(
+        agent="support_desk_model", input=input or DESK_INPUT, enqueue=lambda task_id: None
+    )
+
+
+def test_the_model_plans_the_refund_and_the_notice_and_each_is_made_once(
+    model: StubModel,
+) -> None:
+    model.replies = list(THE_WHOLE_JOB)
+    task = start()
+
+    outcome = runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert outcome == "COMPLETED/goal_met"
+    assert (task.model_calls, task.executions, task.tokens) == (3, 3, 300)
+    assert len(model.requests) == 3
+    assert Refund.objects.get().amount_cents == 1500
+    assert Notice.objects.get().idempotency_key == "order-42-refund-notice"
+    assert set(Operation.objects.values_list("key", "state")) == {
+        ("order-42-refund", OperationState.COMMITTED),
+        ("order-42-refund-notice", OperationState.COMMITTED),
+    }
+    # What the model was sent: the tools, then every call answered under its own id.
+    first = model.requests[0]
+    assert first["path"] == "/v1/chat/completions"
+    assert first["authorization"] == f"Bearer {API_KEY}"
+    assert first["body"]["model"] == "test-model"
+    names = [tool["function"]["name"] for tool in first["body"]["tools"]]
+    assert names == ["order_lookup", "refund", "notify_customer"]
+    assert [m["role"] for m in model.messages(0)] == ["system", "user"]
+    answer = model.messages(1)[-1]
+    assert (answer["role"], answer["tool_call_id"]) == ("tool", "call_1")
+    assert json.loads(answer["content"])["customer_email"] == "ada@example.com"
+    assert model.messages(2)[-1]["tool_call_id"] == "call_2"
+    # The key went to the model only: nothing stored holds it.
+    stored = json.dumps(
+        [
+            list(TraceEvent.objects.values()),
+            task.checkpoint,
+            StopReport.objects.get(task=task).report,
+        ],
+        default=str,
+    )
+    assert API_KEY not in stored
+
+
+def test_a_model_that_asks_for_the_same_refund_twice_gets_the_first_result_back(
+    model: StubModel,
+) -> None:
+    refund = ("refund", {"order": 42, "amount_cents": 1500})
+    model.replies = [
+        calls(("call_1", "order_lookup", {"order": 42})),
+        calls(("call_2", *refund)),
+        calls(("call_3", *refund)),  # the model forgot it refunded already
+        calls(("call_4", "notify_customer", NOTICE)),
+    ]
+    task = start()
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.COMPLETED, "goal_met")
+    assert Refund.objects.count() == 1
+    decisions = list(
+        TraceEvent.objects.filter(task=task, tool="refund").values_list("decision", flat=True)
+    )
+    assert decisions == ["executed", "reused"]
+    reused = json.loads(model.messages(3)[-1]["content"])
+    assert reused["refund"] == Refund.objects.get().pk  # the stored result, not a new refund
+
+
+@pytest.mark.parametrize(
+    ("reply", "state", "reason"),
+    [
+        (calls(("call_1", "refund", "{not json")), "FAILED", "bad_call"),
+        (calls(("call_1", "wire_money", {"order": 42})), "FAILED", "bad_call"),
+        (
+            calls(("call_1", "refund", {"amount_cents": 1500})),
+            "NEEDS_HUMAN",
+            "missing_operation_key",
+        ),
+    ],
+    ids=["arguments-not-json", "unknown-tool", "write-without-an-order"],
+)
+def test_malformed_tool_calls_are_refused_before_anything_runs(
+    model: StubModel, reply: Reply, state: str, reason: str
+) -> None:
+    model.replies = [reply]
+    task = start()
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (state, reason)
+    assert task.executions == 0
+    assert not Refund.objects.exists() and not Operation.objects.exists()
+
+
+def test_a_busy_model_is_asked_again_and_the_task_goes_on(model: StubModel) -> None:
+    model.replies = [(503, {"error": "overloaded"}), *THE_WHOLE_JOB]
+    task = start()
+
+    assert runner.drive(task.id) == "COMPLETED/goal_met"
+
+    assert len(model.requests) == 4
+    task.refresh_from_db()
+    assert task.model_calls == 3  # the first model call took two requests to the server
+
+
+@pytest.mark.parametrize(
+    ("replies", "said"),
+    [
+        ([(500, {"error": "boom"}), (500, {"error": "boom"})], "HTTP 500"),
+        ([(401, {"error": "bad key"})], "HTTP 401"),
+        ([(200, {"choices": []})], "no message"),
+    ],
+    ids=["failing", "refused", "empty-reply"],
+)
+def test_a_model_that_gives_no_usable_reply_fails_the_task_saying_why(
+    model: StubModel, replies: list[Reply], said: str
+) -> None:
+    model.replies = list(replies)
+    task = start()
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.FAILED, "planner_error")
+    assert said in task.detail
+    assert API_KEY not in task.detail
+    assert task.executions == 0
+
+
+def test_an_unreachable_model_fails_the_task_saying_where_it_looked() -> None:
+    task = start()  # tests.settings point at the discard port: nothing answers
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.FAILED, "planner_error")
+    assert "could not be reached at http://127.0.0.1:9/v1/chat/completions" in task.detail
+
+
+def test_without_a_configured_model_the_task_is_refused_before_it_is_queued(
+    settings: Any,
+) -> None:
+    settings.LOOPGUARD_MODEL_URL = ""
+
+    with pytest.raises(services.InvalidInput, match="set LOOPGUARD_MODEL_URL"):
+        start()
+
+    assert not Task.objects.exists()
+
+
+def test_a_task_resumed_mid_conversation_answers_the_pending_call_first(
+    model: StubModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The conversation lives in the agent's memory: a worker lost after the lookup resumes
+    with the lookup answered, and the model sees no gap."""
+    model.replies = list(THE_WHOLE_JOB)
+    task = start()
+    real_fetch_one: Callable[..., Any] = runner.fetch_one
+    cut: list[int] = []
+
+    def lose_the_worker_at_the_refund_claim(sql: str, params: Any) -> Any:
+        if not cut and "claimed AS" in sql:
+            cut.append(1)
+            raise WorkerGone
+        return real_fetch_one(sql, params)
+
+    monkeypatch.setattr("console.ledger.fetch_one", lose_the_worker_at_the_refund_claim)
+    with pytest.raises(WorkerGone):
+        runner.drive(task.id)
+    monkeypatch.undo()
+    Task.objects.filter(id=task.id).update(lease_expires_at=None, lease_owner="")
+    model.replies = list(THE_WHOLE_JOB[1:])
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.COMPLETED, "goal_met")
+    resumed = model.messages(2)  # the first request after the restart
+    assert [m.get("tool_call_id") for m in resumed if m["role"] == "tool"] == ["call_1"]
+    assert Refund.objects.count() == 1
+
+
+def test_a_model_that_says_it_is_done_before_the_desk_agrees_ends_partial(
+    model: StubModel,
+) -> None:
+    model.replies = [
+        calls(("call_1", "order_lookup", {"order": 42})),
+        text("All done: the customer has been refunded."),  # it has not
+    ]
+    task = start()
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.PARTIAL, "goal_unverified")
+    assert not Refund.objects.exists()
+    finish = TraceEvent.objects.filter(task=task, decision="finished").get()
+    assert "All done" in finish.detail
