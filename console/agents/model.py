@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -93,7 +94,7 @@ class ModelEndpoint:
                 raise ModelUnavailable(problem) from None
             except (urllib.error.URLError, TimeoutError, OSError) as exc:
                 reason = getattr(exc, "reason", exc)
-                problem = f"the model could not be reached at {address}: {reason}"
+                problem = f"the model could not be reached at {_shown(address)}: {reason}"
                 continue
             if len(raw) > MAX_REPLY_BYTES:
                 raise ModelUnavailable(f"the model's reply is larger than {MAX_REPLY_BYTES} bytes")
@@ -105,6 +106,14 @@ class ModelEndpoint:
                 raise ModelUnavailable(f"the model's reply is not an object: {_excerpt(raw)}")
             return reply
         raise ModelUnavailable(f"{problem} (after {self.retries + 1} attempts)")
+
+
+def _shown(address: str) -> str:
+    """``address`` without any user or password in it, for messages that get stored."""
+    parts = urllib.parse.urlsplit(address)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def _excerpt(raw: bytes) -> str:

@@ -324,3 +324,19 @@ def test_a_model_that_says_it_is_done_before_the_desk_agrees_ends_partial(
     assert not Refund.objects.exists()
     finish = TraceEvent.objects.filter(task=task, decision="finished").get()
     assert "All done" in finish.detail
+
+
+def test_a_password_in_the_model_url_is_not_stored_with_the_failure(settings: Any) -> None:
+    settings.LOOPGUARD_MODEL_URL = "http://bot:hunter2-secret@127.0.0.1:9/v1"
+    task = start()
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.FAILED, "planner_error")
+    assert "could not be reached at http://127.0.0.1:9/v1/chat/completions" in task.detail
+    stored = json.dumps(
+        [list(TraceEvent.objects.values()), StopReport.objects.get(task=task).report],
+        default=str,
+    )
+    assert "hunter2" not in task.detail + stored
