@@ -507,11 +507,12 @@ class _Driver:
             saved["usage"] = usage_of(task).to_dict()
             saved.update(_trace_history(task))
             self.guard = Guard.restore(saved, limits, **options)
-            self.observation = _decode(checkpoint.get("observation"))
         else:
             # A new phase: budgets carry over, repeat memory starts afresh.
             self.guard = Guard(limits, used=usage_of(task), revision=task.revision, **options)
-            self.observation = None
+        # What the last model call's calls came to, saved with the agent's memory: the two
+        # go together (a model-planned agent answers its calls from it), in a new phase too.
+        self.observation = _decode(checkpoint.get("observation"))
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -527,13 +528,19 @@ class _Driver:
                 return self._finish(stop)
             started = time.monotonic()
             agent.tokens = 0
+            failure: Exception | None = None
             try:
                 proposal = agent.plan(self.observation)
+            except Exception as exc:
+                failure = exc
+            try:  # a planner that failed after its model answered still spent the tokens
                 if agent.tokens:
                     guard.spend_tokens(agent.tokens)
-            except Exception as exc:
-                self._save(self._model_event(None, started, detail=f"planner: {exc!r}"))
-                return self._finish(guard.planner_failed(exc))
+            except ValueError as exc:
+                failure = failure or exc
+            if failure is not None:
+                self._save(self._model_event(None, started, detail=f"planner: {failure!r}"))
+                return self._finish(guard.planner_failed(failure))
             model_event = self._model_event(proposal, started)
             if isinstance(proposal, Finish):
                 report = guard.finish(proposal, agent.inspect)
@@ -541,6 +548,7 @@ class _Driver:
                 return self._finish(report)
             admitted = guard.before_tools(proposal)
             if isinstance(admitted, Report):
+                self.observation = None  # none of its calls ran
                 self._save(model_event, self._blocked_event(admitted))
                 return self._finish(admitted)
             if isinstance(admitted, Nudge):
@@ -603,6 +611,7 @@ class _Driver:
             report = decision.report
             if report is None:  # pragma: no cover - STOP always carries its report
                 raise RuntimeError("a stop decision without a report")
+            self.observation = list(results) if batch else None  # this call did not run
             self._save(self._request_event(ticket, Decision.BLOCKED, None, reason=report.reason))
             return report
         started = time.monotonic()
@@ -626,8 +635,10 @@ class _Driver:
             self.ledger.defer_record = False
         if ticket.result is not None:
             results.append(ticket.result)
-        if last and stop is None:
-            self.observation = results if batch else results[0]
+        # What this model call's calls came to so far, checkpointed with the agent's memory
+        # by the save below, so that a crash mid-batch or a stop resumes with it: the calls
+        # without a result did not run.
+        self.observation = list(results) if batch else (results[0] if results else None)
         executed = decision.action is Action.EXECUTE
         detail = "" if error is None else f"{type(error).__name__}: {error}"[:500]
         self._save(

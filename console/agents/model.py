@@ -15,13 +15,16 @@ Ollama, LiteLLM). Only the standard library is used to talk to it.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
+import socket
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
 from django.conf import settings
@@ -45,18 +48,28 @@ class ModelEndpoint:
 
     url: str
     model: str
-    api_key: str = ""
+    api_key: str = field(default="", repr=False)
     timeout_s: float = 60.0
     retries: int = 2
 
     @classmethod
     def from_settings(cls) -> ModelEndpoint:
-        """The endpoint ``LOOPGUARD_MODEL_*`` configure; raises ``ModelUnavailable`` if unset."""
+        """The endpoint ``LOOPGUARD_MODEL_*`` configure; raises ``ModelUnavailable`` if it is
+        not configured, or not usable (not http(s), a user or password in the URL)."""
         url, model = settings.LOOPGUARD_MODEL_URL, settings.LOOPGUARD_MODEL_NAME
         if not url or not model:
             raise ModelUnavailable(
                 "no model is configured: set LOOPGUARD_MODEL_URL (an OpenAI-compatible API, "
                 "e.g. https://api.openai.com/v1) and LOOPGUARD_MODEL_NAME"
+            )
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ModelUnavailable("LOOPGUARD_MODEL_URL must be an http(s) URL with a host")
+        if parts.username is not None or parts.password is not None:
+            # Never repeated in the message: it would be stored with the task.
+            raise ModelUnavailable(
+                "LOOPGUARD_MODEL_URL must not hold a user or password; "
+                "put the credential in LOOPGUARD_MODEL_API_KEY"
             )
         return cls(
             url=url,
@@ -67,39 +80,47 @@ class ModelEndpoint:
         )
 
     def complete(self, messages: Sequence[Any], tools: Sequence[Any]) -> dict[str, Any]:
-        """One chat completion. Retries a busy or failing server (HTTP 408, 409, 429, 5xx)
-        and a connection that fails, ``retries`` times with a growing pause; raises
-        :class:`ModelUnavailable` saying why when it cannot get a reply."""
+        """One chat completion, or :class:`ModelUnavailable` saying why there is none.
+
+        Asks again (``retries`` times, 0.5 s, 1 s, 2 s… apart) only when the model cannot
+        have answered: the server refused the connection, or said it was busy or failing
+        (HTTP 408, 409, 429, 5xx). A request that timed out or broke off may have been
+        answered, and billed, without the reply arriving: it is not sent again.
+        """
         body = json.dumps({"model": self.model, "messages": list(messages), "tools": list(tools)})
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         address = self.url.rstrip("/") + "/chat/completions"
-        if not address.startswith(("http://", "https://")):
-            raise ModelUnavailable(f"LOOPGUARD_MODEL_URL must be an http(s) URL, got {self.url!r}")
         problem = ""
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
-            request = urllib.request.Request(  # noqa: S310 - http(s) only, checked above
+            request = urllib.request.Request(  # noqa: S310 - http(s) only (from_settings)
                 address, data=body.encode(), headers=headers, method="POST"
             )
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
+                with _OPENER.open(request, timeout=self.timeout_s) as response:
                     raw = response.read(MAX_REPLY_BYTES + 1)
             except urllib.error.HTTPError as exc:
-                problem = f"the model answered HTTP {exc.code}: {_excerpt(exc.read(2000))}"
+                problem = f"the model answered HTTP {exc.code}: {_excerpt(_body(exc))}"
                 if exc.code in _RETRY_STATUS:
                     continue
                 raise ModelUnavailable(problem) from None
-            except (urllib.error.URLError, TimeoutError, OSError) as exc:
-                reason = getattr(exc, "reason", exc)
-                problem = f"the model could not be reached at {_shown(address)}: {reason}"
-                continue
+            except urllib.error.URLError as exc:
+                problem = f"the model could not be reached at {address}: {exc.reason}"
+                if isinstance(exc.reason, ConnectionRefusedError | socket.gaierror):
+                    continue  # nothing was sent
+                raise ModelUnavailable(problem) from None
+            except (TimeoutError, OSError, http.client.HTTPException, ValueError) as exc:
+                reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                raise ModelUnavailable(
+                    f"the request to {address} broke off without a reply ({reason})"
+                ) from None
             if len(raw) > MAX_REPLY_BYTES:
                 raise ModelUnavailable(f"the model's reply is larger than {MAX_REPLY_BYTES} bytes")
             try:
-                reply = json.loads(raw)
+                reply = json.loads(raw, parse_constant=_no_constant)
             except ValueError:
                 raise ModelUnavailable(f"the model's reply is not JSON: {_excerpt(raw)}") from None
             if not isinstance(reply, dict):
@@ -108,12 +129,30 @@ class ModelEndpoint:
         raise ModelUnavailable(f"{problem} (after {self.retries + 1} attempts)")
 
 
-def _shown(address: str) -> str:
-    """``address`` without any user or password in it, for messages that get stored."""
-    parts = urllib.parse.urlsplit(address)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is answered as the HTTP error it is: following it would send the API key
+    to wherever it points, and turn the POST into a GET."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
+def _body(error: urllib.error.HTTPError) -> bytes:
+    """The start of an error response's body (empty if it cannot be read); closes it."""
+    try:
+        return error.read(2000)
+    except (OSError, http.client.HTTPException, AttributeError):
+        return b""
+    finally:
+        with contextlib.suppress(OSError, AttributeError):
+            error.close()
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _excerpt(raw: bytes) -> str:
@@ -124,15 +163,18 @@ def _excerpt(raw: bytes) -> str:
 class ChatAgent(Agent):
     """An agent whose planner is a model (see the module's docstring).
 
-    A subclass gives ``tool_specs`` (each tool's effect, and for a write how its operation
-    key is named), ``tool_parameters`` (the JSON schema of each tool's arguments, shown to
-    the model with the tool's ``description``), ``instructions`` and ``goal``; its
-    ``tools()`` and ``inspect()`` are those of any agent. ``memory["messages"]`` holds the
-    conversation, so a resumed task goes on with it.
+    A subclass gives ``tool_specs()`` (each tool's effect, and for a write how its
+    operation key is named from the arguments), ``tool_parameters`` (the JSON schema of each
+    tool's arguments, shown to the model with the tool's ``description``), ``instructions``
+    and ``goal``; its ``tools()`` and ``inspect()`` are those of any agent.
+    ``memory["messages"]`` holds the conversation, so a resumed task goes on with it.
     """
 
-    tool_specs: ClassVar[Mapping[str, ToolSpec]]
     tool_parameters: ClassVar[Mapping[str, Mapping[str, Any]]]
+
+    def tool_specs(self) -> Mapping[str, ToolSpec]:
+        """Each tool's effect and, for a write, how its operation key is named."""
+        raise NotImplementedError
 
     def instructions(self) -> str:
         """The system message."""
@@ -163,10 +205,10 @@ class ChatAgent(Agent):
                 {"role": "user", "content": self.goal()},
             ],
         )
+        specs = self.tool_specs()
         asked = self.memory.get("asked")
         if asked is not None:  # the calls of the last reply, answered in the model's order
-            turn = calls_from_openai(asked, self.tool_specs)
-            messages.extend(openai_tool_messages(turn, observation))
+            messages.extend(openai_tool_messages(calls_from_openai(asked, specs), observation))
             self.memory["asked"] = None
         reply = self.endpoint().complete(messages, self._schemas())
         usage = reply.get("usage")
@@ -178,10 +220,11 @@ class ChatAgent(Agent):
             message = None
         if not isinstance(message, dict):
             raise ModelUnavailable(f"the model's reply has no message: {str(reply)[:300]}")
-        messages.append(message)
-        turn = calls_from_openai(message, self.tool_specs)
-        if turn.call_ids:
-            self.memory["asked"] = message
+        turn = calls_from_openai(message, specs)  # what the model said, for the guard to judge
+        kept = _as_sent(message)  # what the API takes back, for the conversation
+        messages.append(kept)
+        if kept.get("tool_calls"):
+            self.memory["asked"] = kept
         proposal = turn.proposal
         if isinstance(proposal, list) and len(proposal) == 1 and isinstance(proposal[0], Call):
             return proposal[0]
@@ -203,6 +246,38 @@ class ChatAgent(Agent):
         ]
 
 
+def _as_sent(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of an assistant message the API takes back: its text, and each tool call
+    that has an id of its own (so that every call kept can be answered)."""
+    content = message.get("content")
+    kept: dict[str, Any] = {
+        "role": "assistant",
+        "content": content if isinstance(content, str) else None,
+    }
+    calls: list[dict[str, Any]] = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, Mapping) else None
+        call_id = call.get("id") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(call_id, str):
+            continue
+        if any(kept_call["id"] == call_id for kept_call in calls):
+            continue
+        arguments = function.get("arguments")
+        calls.append(
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {
+                    "name": str(function.get("name") or ""),
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                },
+            }
+        )
+    if calls:
+        kept["tool_calls"] = calls
+    return kept
+
+
 def _object(**properties: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "type": "object",
@@ -215,8 +290,9 @@ def _object(**properties: Mapping[str, Any]) -> dict[str, Any]:
 class SupportDeskModel(ChatAgent, SupportDesk):
     """The support desk agent with a model for a planner: same tools, same inspector.
 
-    Input as for ``support_desk``. The operation keys are named by the application from the
-    order number the model passes, so a second request for the same refund meets the first.
+    Input as for ``support_desk``. The operation keys are named by the application, for
+    this task's order only: a second request for the same refund meets the first, and a
+    write about another order (or none) has no key and is refused before it runs.
     """
 
     name = "support_desk_model"
@@ -224,10 +300,13 @@ class SupportDeskModel(ChatAgent, SupportDesk):
     description = (
         "The support desk's refund and notice, planned by the model LOOPGUARD_MODEL_URL names."
     )
-    tool_specs: ClassVar[Mapping[str, ToolSpec]] = {
-        "order_lookup": ToolSpec("read"),
-        "refund": ToolSpec("write", lambda args: f"order-{args['order']}-refund"),
-        "notify_customer": ToolSpec("write", lambda args: f"order-{args['order']}-refund-notice"),
+    default_limits: ClassVar[Mapping[str, Any]] = {
+        "deadline_ms": 300_000,  # a real model takes seconds a call
+        "model_calls": 12,
+        "requests": 12,
+        "executions": 6,
+        "same": 2,
+        "stagnant": 4,
     }
     tool_parameters: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "order_lookup": _object(order={"type": "integer"}),
@@ -236,6 +315,22 @@ class SupportDeskModel(ChatAgent, SupportDesk):
             order={"type": "integer"}, recipient={"type": "string"}, text={"type": "string"}
         ),
     }
+
+    def tool_specs(self) -> Mapping[str, ToolSpec]:
+        """The lookup reads; the refund and the notice are writes keyed by this order."""
+
+        def this_order(key: str) -> Callable[[Mapping[str, Any]], str | None]:
+            def name(args: Mapping[str, Any]) -> str | None:
+                order = args.get("order")
+                return key if type(order) is int and order == self.order else None
+
+            return name
+
+        return {
+            "order_lookup": ToolSpec("read"),
+            "refund": ToolSpec("write", this_order(self.refund_key)),
+            "notify_customer": ToolSpec("write", this_order(self.notice_key)),
+        }
 
     @classmethod
     def validate_input(cls, input: Mapping[str, Any]) -> None:

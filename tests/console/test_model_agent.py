@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -26,6 +27,7 @@ API_KEY = "sk-test-0123456789abcdefghij"
 DESK_INPUT = {"order": 42, "amount_cents": 1500, "reason": "the parcel arrived damaged"}
 
 Reply = tuple[int, Any]  # HTTP status, JSON body
+SLOW = -1  # a reply (SLOW, seconds): the model answers, too late
 
 
 class WorkerGone(BaseException):
@@ -51,8 +53,13 @@ class StubModel:
                     }
                 )
                 status, body = stub.replies.pop(0) if stub.replies else (500, {"error": "none"})
+                if status == SLOW:  # answer, but only after ``body`` seconds
+                    time.sleep(body)
+                    status, body = text("late")
                 data = json.dumps(body).encode()
                 self.send_response(status)
+                if status in (301, 302, 303, 307, 308):
+                    self.send_header("Location", body["location"])
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -203,8 +210,13 @@ def test_a_model_that_asks_for_the_same_refund_twice_gets_the_first_result_back(
             "NEEDS_HUMAN",
             "missing_operation_key",
         ),
+        (
+            calls(("call_1", "refund", {"order": 43, "amount_cents": 1500})),
+            "NEEDS_HUMAN",
+            "missing_operation_key",
+        ),
     ],
-    ids=["arguments-not-json", "unknown-tool", "write-without-an-order"],
+    ids=["arguments-not-json", "unknown-tool", "write-without-an-order", "another-order"],
 )
 def test_malformed_tool_calls_are_refused_before_anything_runs(
     model: StubModel, reply: Reply, state: str, reason: str
@@ -228,7 +240,8 @@ def test_a_busy_model_is_asked_again_and_the_task_goes_on(model: StubModel) -> N
 
     assert len(model.requests) == 4
     task.refresh_from_db()
-    assert task.model_calls == 3  # the first model call took two requests to the server
+    # The first model call took two requests; the 503 produced no reply and spent nothing.
+    assert (task.model_calls, task.tokens) == (3, 300)
 
 
 @pytest.mark.parametrize(
@@ -326,17 +339,152 @@ def test_a_model_that_says_it_is_done_before_the_desk_agrees_ends_partial(
     assert "All done" in finish.detail
 
 
-def test_a_password_in_the_model_url_is_not_stored_with_the_failure(settings: Any) -> None:
-    settings.LOOPGUARD_MODEL_URL = "http://bot:hunter2-secret@127.0.0.1:9/v1"
+@pytest.mark.parametrize(
+    "url",
+    ["http://bot:hunter2-secret@127.0.0.1:9/v1", "https://bot:hunter2-secret@api.example.com/v1"],
+    ids=["with-a-port", "without-a-port"],
+)
+def test_a_password_in_the_model_url_is_refused_and_never_repeated(
+    settings: Any, url: str
+) -> None:
+    settings.LOOPGUARD_MODEL_URL = url
+    with pytest.raises(services.InvalidInput, match="must not hold a user or password") as refused:
+        start()
+    assert "hunter2" not in str(refused.value)
+
+    # Set after a task was queued: its first model call fails, saying why, and no more.
+    settings.LOOPGUARD_MODEL_URL = "http://127.0.0.1:9/v1"
+    task = start()
+    settings.LOOPGUARD_MODEL_URL = url
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.FAILED, "planner_error")
+    assert "must not hold a user or password" in task.detail
+    stored = json.dumps(
+        [list(TraceEvent.objects.values()), StopReport.objects.get(task=task).report],
+        default=str,
+    )
+    assert "hunter2" not in task.detail + stored
+
+
+REFUND = ("refund", {"order": 42, "amount_cents": 1500})
+BOTH_WRITES = calls(("call_r", *REFUND), ("call_n", "notify_customer", NOTICE))
+
+
+def _answers(messages: list[dict[str, Any]]) -> dict[str, str]:
+    return {m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"}
+
+
+def test_a_worker_lost_in_the_middle_of_a_batch_resumes_with_each_call_answered_truly(
+    model: StubModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refund of a two-call reply ran, the worker died claiming the notice: the resumed
+    conversation answers the refund with its result and the notice as not run."""
+    model.replies = [calls(("call_1", "order_lookup", {"order": 42})), BOTH_WRITES]
+    task = start()
+    real_fetch_one: Callable[..., Any] = runner.fetch_one
+
+    def lose_the_worker_at_the_notice_claim(sql: str, params: Any) -> Any:
+        values = params.values() if isinstance(params, dict) else params
+        if "claimed AS" in sql and "order-42-refund-notice" in values:
+            raise WorkerGone
+        return real_fetch_one(sql, params)
+
+    monkeypatch.setattr("console.ledger.fetch_one", lose_the_worker_at_the_notice_claim)
+    with pytest.raises(WorkerGone):
+        runner.drive(task.id)
+    monkeypatch.undo()
+    Task.objects.filter(id=task.id).update(lease_expires_at=None, lease_owner="")
+    model.replies = [calls(("call_3", "notify_customer", NOTICE))]
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.COMPLETED, "goal_met")
+    answered = _answers(model.messages(2))
+    assert json.loads(answered["call_r"])["refund"] == Refund.objects.get().pk
+    assert answered["call_n"] == "not run: the task stopped"
+    assert Notice.objects.count() == 1
+
+
+def test_after_an_approved_resumption_the_model_learns_what_ran_before_the_stop(
+    model: StubModel, monkeypatch: pytest.MonkeyPatch, django_user_model: Any
+) -> None:
+    """An operator stopped the task between the two writes of one reply. In the next phase
+    the model is told the refund was made (its result) and the notice was not run."""
+    from console.agents.model import SupportDeskModel
+    from console.roles import Role, assign
+
+    boss = django_user_model.objects.create_user("boss")
+    assign(boss, [Role.OPERATOR, Role.APPROVER])
+    real_refund = SupportDeskModel._refund
+
+    def refund_then_stop(self: SupportDeskModel, call: Any) -> Any:
+        result = real_refund(self, call)
+        services.task_stop(task_id=self.task_id, actor=boss, reason="hold on")
+        return result
+
+    monkeypatch.setattr(SupportDeskModel, "_refund", refund_then_stop)
+    model.replies = [calls(("call_1", "order_lookup", {"order": 42})), BOTH_WRITES]
+    task = start()
+    runner.drive(task.id)
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.CANCELLED, "operator_stop")
+    monkeypatch.undo()
+
+    services.task_approve_resumption(
+        task_id=task.id, actor=boss, reason="go on", enqueue=lambda task_id: None
+    )
+    model.replies = [calls(("call_3", "notify_customer", NOTICE))]
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason, task.phase) == (TaskState.COMPLETED, "goal_met", 2)
+    answered = _answers(model.messages(2))
+    assert json.loads(answered["call_r"])["refund"] == Refund.objects.get().pk
+    assert answered["call_n"] == "not run: the task stopped"
+    assert (Refund.objects.count(), Notice.objects.count()) == (1, 1)
+
+
+def test_a_model_too_slow_to_answer_is_not_asked_again(model: StubModel, settings: Any) -> None:
+    """The request may have been answered (and billed) after the reply was given up on:
+    sending it again would spend the budget twice without counting it."""
+    settings.LOOPGUARD_MODEL_TIMEOUT_SECONDS = 0.3
+    model.replies = [(SLOW, 1.0), *THE_WHOLE_JOB]
     task = start()
 
     runner.drive(task.id)
 
     task.refresh_from_db()
     assert (task.state, task.reason) == (TaskState.FAILED, "planner_error")
-    assert "could not be reached at http://127.0.0.1:9/v1/chat/completions" in task.detail
-    stored = json.dumps(
-        [list(TraceEvent.objects.values()), StopReport.objects.get(task=task).report],
-        default=str,
-    )
-    assert "hunter2" not in task.detail + stored
+    assert "broke off without a reply" in task.detail
+    assert len(model.requests) == 1
+
+
+def test_a_redirect_is_not_followed_with_the_key(model: StubModel) -> None:
+    elsewhere = StubModel()
+    elsewhere.thread.start()
+    try:
+        model.replies = [(302, {"location": elsewhere.url + "/chat/completions"})]
+        task = start()
+
+        runner.drive(task.id)
+
+        task.refresh_from_db()
+        assert (task.state, task.reason) == (TaskState.FAILED, "planner_error")
+        assert "HTTP 302" in task.detail
+        assert elsewhere.requests == []
+    finally:
+        elsewhere.server.shutdown()
+        elsewhere.server.server_close()
+
+
+def test_tokens_of_a_reply_that_cannot_be_used_are_still_charged(model: StubModel) -> None:
+    model.replies = [(200, {"choices": [], "usage": {"total_tokens": 77}})]
+    task = start()
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason, task.tokens) == (TaskState.FAILED, "planner_error", 77)
