@@ -17,7 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from guard import (
@@ -962,6 +962,7 @@ def test_the_documented_openai_planner_runs_under_the_guard() -> None:
 PROPERTY = settings(
     max_examples=300,
     deadline=None,
+    derandomize=True,  # the same examples on every run: CI never turns red by chance
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
@@ -1065,7 +1066,11 @@ def assert_safe(turn: Turn) -> None:
     else:
         admitted = guard.before_tools(proposal)
         if turn.problem is not None:
-            assert isinstance(admitted, Report) and admitted.reason in REFUSALS
+            # Refused whole. The guard checks the calls in order, so two writes of one
+            # incident with other input, before the malformed call, are found first.
+            assert isinstance(admitted, Report)
+            assert admitted.reason in REFUSALS | {Reason.OPERATION_CONFLICT}
+            assert admitted.executions == 0
         elif isinstance(admitted, Report):  # two writes of one incident with other input
             assert admitted.reason is Reason.OPERATION_CONFLICT
         else:
@@ -1081,8 +1086,23 @@ def assert_safe(turn: Turn) -> None:
     assert openai_tool_messages(turn, Nudge("stop", "t", "fp", Reason.SAME_CALL)) is not None
 
 
+def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 @PROPERTY
 @given(openai_replies())
+@example(  # found by a random run: a conflict between two writes before a malformed call
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            _call("call_0", "send_notice", '{"incident": false}'),
+            _call("call_1", "send_notice", '{"incident": false, "text": null}'),
+            _call("call_2", "read_incident", '{"incident": Infinity}'),
+        ],
+    }
+)
 def test_no_openai_reply_makes_the_adapter_raise_or_run_what_it_should_not(reply: Any) -> None:
     assert_safe(calls_from_openai(reply, TOOLS))
 
