@@ -10,16 +10,23 @@ from typing import Any
 
 
 def wait_for[T](
-    probe: Callable[[], T | None], *, timeout: float, what: str, every: float = 0.02
+    probe: Callable[[], T | None],
+    *,
+    timeout: float,
+    what: str,
+    every: float = 0.02,
+    explain: Callable[[], str] | None = None,
 ) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` otherwise."""
+    """Poll ``probe`` until it returns something truthy; fail naming ``what`` otherwise,
+    with what ``explain`` says about the state things were left in (logs, rows)."""
     end = time.monotonic() + timeout
     while True:
         value = probe()
         if value:
             return value
         if time.monotonic() > end:
-            raise AssertionError(f"gave up after {timeout:.1f} s waiting for {what}")
+            said = f"\n{explain()}" if explain is not None else ""
+            raise AssertionError(f"gave up after {timeout:.1f} s waiting for {what}{said}")
         time.sleep(every)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,33 @@ def worker(transactional_db: None, tmp_path: Path) -> Iterator[Worker]:
         workers.forget_queue(running.queue)
 
 
+def story(worker: Worker, task: Task) -> Callable[[], str]:
+    """What a failed wait shows: the task row, its trace and the end of the worker logs."""
+
+    def tell() -> str:
+        row = (
+            Task.objects.filter(id=task.id)
+            .values(
+                "state",
+                "reason",
+                "lease_owner",
+                "lease_expires_at",
+                "recoveries",
+                "executions",
+                "detail",
+            )
+            .first()
+        )
+        trace = list(
+            TraceEvent.objects.filter(task_id=task.id)
+            .order_by("seq")
+            .values_list("seq", "kind", "decision", "reason", "tool")
+        )
+        return f"task: {row}\ntrace: {trace}\nworker logs (end):\n{worker.log()[-6000:]}"
+
+    return tell
+
+
 def start_on(worker: Worker, agent: str, input: dict[str, Any], **limits: Any) -> Task:
     """Start a task whose first message goes to ``worker``'s queue."""
     return services.task_start(agent=agent, input=input, limits=limits, enqueue=worker.enqueue)
@@ -154,7 +181,12 @@ def test_a_worker_killed_inside_a_write_leaves_it_unknown_and_never_runs_it_agai
     )
 
     worker.restart()
-    stopped = wait_for(lambda: finished(task), timeout=recovery_timeout(), what="recovery")
+    stopped = wait_for(
+        lambda: finished(task),
+        timeout=recovery_timeout(),
+        what="recovery",
+        explain=story(worker, task),
+    )
 
     assert (stopped.state, stopped.reason) == ("NEEDS_HUMAN", "unknown_commit")
     assert key in stopped.detail
@@ -183,14 +215,24 @@ def test_a_worker_killed_inside_a_read_is_resumed_from_its_checkpoint_with_its_c
 ) -> None:
     total = 4
     task = start_on(worker, "test_reader", {"pages": total, "sleep_ms": 800})
-    # The execution is counted (and saved) just before the tool runs: the 2nd read is on.
-    wait_for(lambda: current(task).executions == 2, timeout=20, what="the second read to start")
+    # The second model call's event is saved just before its read runs (for 800 ms).
+    wait_for(
+        lambda: TraceEvent.objects.filter(task_id=task.id, kind=EventKind.MODEL_CALL).count() == 2,
+        timeout=20,
+        what="the second read to start",
+        explain=story(worker, task),
+    )
 
     worker.kill()
     at_kill = current(task)
     read_at_kill = at_kill.checkpoint["agent"]["read"]
     worker.start()
-    done = wait_for(lambda: finished(task), timeout=recovery_timeout() + 5, what="completion")
+    done = wait_for(
+        lambda: finished(task),
+        timeout=recovery_timeout() + 5,
+        what="completion",
+        explain=story(worker, task),
+    )
 
     assert read_at_kill == 1, "the kill was meant to land inside the second read"
     assert (done.state, done.reason, done.revision) == ("COMPLETED", "goal_met", total)
@@ -226,7 +268,9 @@ def test_a_redelivered_message_and_a_duplicate_enqueue_do_not_start_a_second_dri
     run_task.apply_async((task.id,), queue=worker.queue, task_id=sent[0])
     run_task.apply_async((task.id,), queue=worker.queue)
 
-    done = wait_for(lambda: finished(task), timeout=20, what="completion")
+    done = wait_for(
+        lambda: finished(task), timeout=20, what="completion", explain=story(worker, task)
+    )
     runs = re.compile(r"console\.tasks\.run_task\[\S+\] succeeded")
 
     def handled_all_three() -> str | None:
