@@ -317,8 +317,6 @@ def prepare_folders(config: ModuleType) -> None:
         if processed:
             for message in Path(processed).glob("*.msg"):
                 message.unlink(missing_ok=True)
-    beat = Path(config.CELERY_BEAT_SCHEDULE_FILENAME)
-    beat.parent.mkdir(parents=True, exist_ok=True)
 
 
 def migrate() -> int:
@@ -457,7 +455,6 @@ def children(options: Options, config: ModuleType) -> list[Child]:
             [
                 python, "-m", "celery", "-A", "console", "--quiet", "beat",
                 "--loglevel", "INFO",
-                "--schedule", str(config.CELERY_BEAT_SCHEDULE_FILENAME),
             ],
         ),
     ]  # fmt: skip

@@ -351,11 +351,8 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": LOOPGUARD_SWEEP_SECONDS,
     },
 }
-# Beat keeps its last-run times in a file; outside the source tree (standalone mode: in
-# LOOPGUARD_DATA_DIR, which is git-ignored).
-CELERY_BEAT_SCHEDULE_FILENAME = env_str(
-    "CELERY_BEAT_SCHEDULE_FILENAME",
-    str(LOOPGUARD_DATA_DIR / "celerybeat-schedule")
-    if LOOPGUARD_STANDALONE
-    else str(Path(os.environ.get("TMPDIR", "/tmp")) / "loopguard-celerybeat-schedule"),  # noqa: S108
-)
+# Beat keeps its schedule in memory: its one entry is a sweep every few seconds that is safe
+# to run at any time, so there is nothing worth remembering across a restart. (The default,
+# persistent scheduler keeps a shelve file; on Python 3.13 that is SQLite, which we have seen
+# fail with "locking protocol" at start, and a beat that does not start recovers nothing.)
+CELERY_BEAT_SCHEDULER = "celery.beat:Scheduler"

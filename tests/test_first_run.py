@@ -110,7 +110,6 @@ def test_the_first_command_brings_up_a_console_and_ctrl_c_takes_all_of_it_down(
         DATABASE_URL=database_url(database),
         REDIS_URL=str(settings.REDIS_URL),
         CELERY_QUEUE=f"loopguard-first-run-{uuid.uuid4().hex[:8]}",
-        CELERY_BEAT_SCHEDULE_FILENAME=str(tmp_path / "beat-schedule"),
     )
     up = Up(clone, env, port, tmp_path / "up.log")
     started: list[Proc] = []

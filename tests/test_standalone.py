@@ -147,7 +147,6 @@ def test_standalone_mode_runs_finishes_and_stops_tasks_on_sqlite_and_folders(
 
         assert code == 0, up.output[-3000:]
         assert survivors(started) == []
-        assert (data_dir / "celerybeat-schedule").exists()
     finally:
         up.kill_everything(started)
 

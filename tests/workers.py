@@ -64,8 +64,8 @@ def start_worker(
     """Start a worker on ``queue`` and return once it is ready to consume it.
 
     Each start in ``directory`` gets a number of its own (the first is 1): its log is
-    ``worker-<n>.log``, its beat schedule ``beat-<n>`` and its node name ``<queue>-<n>@host``,
-    so that a worker started again after a crash neither reuses nor overwrites them.
+    ``worker-<n>.log`` and its node name ``<queue>-<n>@host``, so that a worker started
+    again after a crash neither reuses nor overwrites them.
     """
     number = len(list(directory.glob("worker-*.log"))) + 1
     log_path = directory / f"worker-{number}.log"
@@ -88,7 +88,7 @@ def start_worker(
         "-n", f"{queue}-{number}@%h",
     ]  # fmt: skip
     if beat:
-        command += ["-B", "-s", str(directory / f"beat-{number}")]
+        command += ["-B"]
     with log_path.open("wb") as log:
         process = subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
             command,
