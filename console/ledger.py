@@ -58,48 +58,19 @@ RETURNING id, attempts
 """
 
 # PostgreSQL: the gate, the claim and its history row in one statement (one round trip,
-# atomic on its own). The share lock on the task row is taken before the insert can
-# happen, and the stop service's update waits for it.
+# atomic on its own). ``{gate}`` is a CTE named ``saved`` giving the task row's stop fact
+# and lease owner while holding a lock on the row, so that the stop service's update
+# waits for the claim: either ``_GATE_CTE`` (FOR SHARE) or the driver's save of the step
+# so far (console.runner.save_ctes: its UPDATE of the row, and the step's trace events),
+# which then commits with the claim. A stop committed before the gate is seen there and
+# nothing is claimed.
 _CLAIM_PG = """
-WITH gate AS (
-    SELECT stop_requested_at, lease_owner FROM console_task WHERE id = %(task)s FOR SHARE
-), claimed AS (
-    INSERT INTO console_operation
-        (key, fingerprint, state, tool, task_id, args_preview, result, attempts, evidence,
-         claimed_at, updated_at)
-    SELECT %(key)s, %(fp)s, 'IN_FLIGHT', %(tool)s, %(task)s, %(args)s, NULL, 1, '',
-           %(now)s, %(now)s
-    FROM gate WHERE gate.stop_requested_at IS NULL AND gate.lease_owner = %(owner)s
-    ON CONFLICT (key) DO UPDATE
-        SET state = 'IN_FLIGHT', attempts = console_operation.attempts + 1,
-            task_id = EXCLUDED.task_id, result = NULL, updated_at = EXCLUDED.updated_at
-        WHERE console_operation.state = 'NOT_COMMITTED'
-          AND console_operation.fingerprint = EXCLUDED.fingerprint
-    RETURNING id, attempts, evidence
-), history AS (
-    INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
-                                        evidence)
-    SELECT id, %(now)s, CASE WHEN attempts = 1 THEN '' ELSE 'NOT_COMMITTED' END,
-           'IN_FLIGHT', %(task)s, ''
-    FROM claimed
-)
-SELECT gate.stop_requested_at, gate.lease_owner, claimed.id, claimed.attempts,
-       claimed.evidence
-FROM gate LEFT JOIN claimed ON true
-"""
-
-# PostgreSQL: the driver's save of the step so far (the CTEs ``saved``, its UPDATE of the
-# task row conditional on the lease, and ``added``, its trace events; see
-# console.runner.save_ctes) and the claim in one statement. The UPDATE's row lock is the
-# gate: a stop committed before it is returned by it (and nothing is claimed), one
-# committed after it waits for this transaction.
-_CLAIM_AFTER_SAVE = """
-WITH {save}, claimed AS (
+WITH {gate}, claimed AS (
     INSERT INTO console_operation
         (key, fingerprint, state, tool, task_id, args_preview, result, attempts, evidence,
          claimed_at, updated_at)
     SELECT %s, %s, 'IN_FLIGHT', %s, %s, %s, NULL, 1, '', %s, %s
-    FROM saved WHERE saved.stop_requested_at IS NULL
+    FROM saved WHERE saved.stop_requested_at IS NULL AND saved.lease_owner = %s
     ON CONFLICT (key) DO UPDATE
         SET state = 'IN_FLIGHT', attempts = console_operation.attempts + 1,
             task_id = EXCLUDED.task_id, result = NULL, updated_at = EXCLUDED.updated_at
@@ -117,37 +88,26 @@ SELECT saved.stop_requested_at, saved.lease_owner, claimed.id, claimed.attempts,
        claimed.evidence
 FROM saved LEFT JOIN claimed ON true
 """
+_GATE_CTE = (
+    "saved AS (SELECT stop_requested_at, lease_owner FROM console_task WHERE id = %s FOR SHARE)"
+)
 
-# PostgreSQL: a settling move from IN_FLIGHT and its history row in one statement.
-_MOVE_PG = """
-WITH moved AS (
-    UPDATE console_operation SET state = %(target)s, result = %(result)s,
-        updated_at = %(now)s
-    WHERE key = %(key)s AND fingerprint = %(fp)s AND state = 'IN_FLIGHT'
+# PostgreSQL: an IN_FLIGHT operation settled (to ``target``) with its history row, as CTEs:
+# ``moved`` has a row if and only if the move was made. On its own (``_MOVE_PG``), or in
+# the driver's save after the tool, so that a write's record commits with its step.
+MOVE_CTES = """moved AS (
+    UPDATE console_operation SET state = %s, result = %s, updated_at = %s
+    WHERE key = %s AND fingerprint = %s AND state = 'IN_FLIGHT'
     RETURNING id, attempts, evidence
 ), history AS (
     INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
                                         evidence)
-    SELECT id, %(now)s, 'IN_FLIGHT', %(target)s, %(task)s, '' FROM moved
-)
-SELECT attempts, evidence FROM moved
-"""
-
-# PostgreSQL: a write's record (IN_FLIGHT → COMMITTED and its history row) as CTEs for
-# the driver's save after the tool, so that the record and the step commit together.
-# ``moved`` has a row if and only if the record was made.
-RECORD_CTES = """moved AS (
-    UPDATE console_operation SET state = 'COMMITTED', result = %s, updated_at = %s
-    WHERE key = %s AND fingerprint = %s AND state = 'IN_FLIGHT'
-    RETURNING id
-), recorded AS (
-    INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
-                                        evidence)
-    SELECT id, %s, 'IN_FLIGHT', 'COMMITTED', %s, '' FROM moved
+    SELECT id, %s, 'IN_FLIGHT', %s, %s, '' FROM moved
 )"""
+_MOVE_PG = f"WITH {MOVE_CTES} SELECT attempts, evidence FROM moved"  # noqa: S608 - constants
 
+# SQLite: no row locks; its IMMEDIATE transactions serialise writers instead.
 _GATE = "SELECT stop_requested_at, lease_owner FROM console_task WHERE id = %s"
-_GATE_PG = _GATE + " FOR SHARE"  # SQLite has no row locks; it serialises writers anyway
 
 _CLAIM_ANSWERS = {
     State.COMMITTED: ClaimStatus.COMMITTED,
@@ -193,21 +153,12 @@ class DatabaseLedger:
         self._claimed: dict[str, tuple[int, str]] = {}  # key: attempts, evidence
 
     def take_deferred(self) -> tuple[str, list[Any]] | None:
-        """The deferred record as ``RECORD_CTES`` and its parameters, for the driver's
+        """The deferred record as ``MOVE_CTES`` and their parameters, for the driver's
         save; the driver reports back with :meth:`deferred_done`."""
         if self._deferred is None:
             return None
         key, fingerprint, stored = self._deferred
-        now = timezone.now()
-        params = [
-            _RESULT_FIELD.get_db_prep_save(stored, connection),
-            now,
-            key,
-            fingerprint,
-            now,
-            self.task_id,
-        ]
-        return RECORD_CTES, params
+        return MOVE_CTES, self._move_params(key, fingerprint, State.COMMITTED, stored)
 
     def deferred_done(self, made: bool) -> None:
         """The save carrying the deferred record committed; ``made``: it moved the row."""
@@ -242,7 +193,7 @@ class DatabaseLedger:
             self.record_failed = exc
 
     def carry(self, ctes: str, params: list[Any]) -> None:
-        """Send the driver's save (see ``_CLAIM_AFTER_SAVE``) with the next claim.
+        """Send the driver's save with the next claim, as its gate (see ``_CLAIM_PG``).
 
         PostgreSQL only. :meth:`carried` says whether a claim took it.
         """
@@ -294,7 +245,7 @@ class DatabaseLedger:
         # it, as it waits for the share lock on PostgreSQL. A stop is either visible here
         # or lands after the claim it could not prevent.
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(_GATE_PG if connection.vendor == "postgresql" else _GATE, [self.task_id])
+            cursor.execute(_GATE, [self.task_id])
             gate = cursor.fetchone()
             if gate is None:
                 raise LeaseLost(f"task {self.task_id} does not exist")
@@ -322,28 +273,17 @@ class DatabaseLedger:
 
     def _claim_pg(self, key: str, fingerprint: str) -> Claim:
         tool, args = self._described.get(key, ("", ""))
-        now = timezone.now()
-        if self._carried is not None:
-            ctes, saved = self._carried
-            self._carried = None  # sent once, whatever happens
-            claim = [key, fingerprint, tool, self.task_id, args, now, now, now, self.task_id]
-            row = fetch_one(_claim_after_save(ctes), [*saved, *claim])
-            if row is None:  # the save's UPDATE found no row driven by this owner
-                raise LeaseLost(f"task {self.task_id} is no longer driven by {self.owner}")
-            self._carried_row = row[:2]
-        else:
-            params: dict[str, Any] = {
-                "task": self.task_id,
-                "key": key,
-                "fp": fingerprint,
-                "tool": tool,
-                "args": args,
-                "now": now,
-                "owner": self.owner,
-            }
-            row = fetch_one(_CLAIM_PG, params)
+        now, task = timezone.now(), self.task_id
+        claim = [key, fingerprint, tool, task, args, now, now, self.owner, now, task]
+        carried, self._carried = self._carried, None  # sent once, whatever happens
+        gate, gate_params = carried if carried is not None else (_GATE_CTE, [task])
+        row = fetch_one(_claim_sql(gate), [*gate_params, *claim])
         if row is None:
-            raise LeaseLost(f"task {self.task_id} does not exist")
+            if carried is not None:  # the save's UPDATE found no row this owner drives
+                raise LeaseLost(f"task {task} is no longer driven by {self.owner}")
+            raise LeaseLost(f"task {task} does not exist")
+        if carried is not None:
+            self._carried_row = row[:2]
         stop_requested_at, lease_owner, claimed_id, attempts, evidence = row
         if stop_requested_at is not None:
             self.stop_recorded = True
@@ -367,20 +307,18 @@ class DatabaseLedger:
             return self._move(
                 key, {State.IN_FLIGHT}, target, fingerprint=fingerprint, result=result
             )
-        params: dict[str, Any] = {
-            "target": target.value,
-            "result": _RESULT_FIELD.get_db_prep_save(result, connection),
-            "now": timezone.now(),
-            "key": key,
-            "fp": fingerprint,
-            "task": self.task_id,
-        }
         with self._watch():
-            row = fetch_one(_MOVE_PG, params)
+            row = fetch_one(_MOVE_PG, self._move_params(key, fingerprint, target, result))
         if row is None:
             raise self._why_not(key, fingerprint, target)
         stored = None if result is None else Result.from_dict(result)
         return Entry(key, fingerprint, target, stored, row[0], row[1])
+
+    def _move_params(self, key: str, fingerprint: str, target: State, result: Any) -> list[Any]:
+        """The parameters of ``MOVE_CTES``."""
+        now = timezone.now()
+        stored = _RESULT_FIELD.get_db_prep_save(result, connection)
+        return [target.value, stored, now, key, fingerprint, now, target.value, self.task_id]
 
     def _why_not(self, key: str, fingerprint: str, target: State) -> LedgerError:
         """Why an operation could not move from ``IN_FLIGHT``, from the row as it is."""
@@ -461,5 +399,5 @@ _RESULT_FIELD = Operation._meta.get_field("result")
 
 
 @cache
-def _claim_after_save(ctes: str) -> str:
-    return _CLAIM_AFTER_SAVE.format(save=ctes)
+def _claim_sql(gate: str) -> str:
+    return _CLAIM_PG.format(gate=gate)

@@ -425,7 +425,7 @@ def _save_sql(events: int, checkpoint: bool, durable: bool, postgresql: bool) ->
 
 @cache
 def _save_with_record_sql(record_ctes: str, events: int, checkpoint: bool) -> str:
-    """A save that also makes a write's record (``console.ledger.RECORD_CTES``); its
+    """A save that also makes a write's record (``console.ledger.MOVE_CTES``); its
     third column says whether the record was made."""
     return (
         f"WITH {record_ctes}, {save_ctes(events, checkpoint, True)} "  # noqa: S608
@@ -691,60 +691,54 @@ class _Driver:
         """
         events = (*self.pending, *events)
         params = self._save_params(
-            events,
+            len(events),
             checkpoint=checkpoint,
             model_calls_ahead=model_calls_ahead,
             requests_ahead=requests_ahead,
             executions_ahead=executions_ahead,
         )
-        postgresql = self.postgresql
-        if record is not None:
-            ctes, record_params = record
-            try:
-                row = fetch_one(
-                    _save_with_record_sql(ctes, len(events), checkpoint),
-                    [*record_params, *params],
-                )
-            except DatabaseError:
-                # The write ran and was verified: try to record it on its own, so that
-                # recovery finds it COMMITTED rather than turning it UNKNOWN.
-                self.ledger.rescue_deferred()
-                raise
-            self._saved(row, len(events))
-            self.ledger.deferred_done(row is not None and row[2] > 0)
-            self.one_ahead = (model_calls_ahead, requests_ahead, executions_ahead) == (1, 1, 1)
-            return
-        sql = _save_sql(len(events), checkpoint, durable, postgresql)
-        if events and postgresql:
-            row = fetch_one(sql, params)
-        else:
-            # Elsewhere (SQLite in standalone mode) the same in a transaction.
+        if not self.postgresql:
+            # SQLite (standalone mode): the same in a transaction, the events by the ORM.
             with transaction.atomic() if events else nullcontext():
-                row = fetch_one(sql, params[: len(params) - len(events) * len(_EVENT_COLUMNS)])
+                row = fetch_one(_save_sql(len(events), checkpoint, durable, False), params)
                 if row is not None and events:
                     TraceEvent.objects.bulk_create(
                         TraceEvent(task_id=self.task.id, phase=self.task.phase, seq=seq, **e)
                         for seq, e in enumerate(events, start=self.next_seq)
                     )
+        elif record is None:
+            sql = _save_sql(len(events), checkpoint, durable, True)
+            row = fetch_one(sql, [*params, *self._event_rows(events)])
+        else:
+            ctes, record_params = record
+            sql = _save_with_record_sql(ctes, len(events), checkpoint)
+            try:
+                row = fetch_one(sql, [*record_params, *params, *self._event_rows(events)])
+            except DatabaseError:
+                # The write ran and was verified: try to record it on its own, so that
+                # recovery finds it COMMITTED rather than turning it UNKNOWN.
+                self.ledger.rescue_deferred()
+                raise
+            self.ledger.deferred_done(row is not None and row[2] > 0)
         self._saved(row, len(events))
         self.one_ahead = (model_calls_ahead, requests_ahead, executions_ahead) == (1, 1, 1)
 
     def _carried_save(self, *, executions_ahead: int) -> tuple[str, list[Any]]:
         """The pending events and the counters as a save for the next claim to carry."""
         events = tuple(self.pending)
-        params = self._save_params(events, executions_ahead=executions_ahead)
-        return save_ctes(len(events), False, True), params
+        params = self._save_params(len(events), executions_ahead=executions_ahead)
+        return save_ctes(len(events), False, True), [*params, *self._event_rows(events)]
 
     def _save_params(
         self,
-        events: tuple[dict[str, Any], ...],
+        events: int,
         *,
         checkpoint: bool = False,
         model_calls_ahead: int = 0,
         requests_ahead: int = 0,
         executions_ahead: int = 0,
     ) -> list[Any]:
-        """The parameters of a save: counters, checkpoint, lease, then the events' rows."""
+        """The parameters of a save's UPDATE: counters, checkpoint, then the lease."""
         guard = self.guard
         usage = guard.usage
         params: list[Any] = [
@@ -755,16 +749,20 @@ class _Driver:
             usage.polls,
             usage.elapsed_ms,
             guard.revision,
-            self.next_seq + len(events),
+            self.next_seq + events,
             # As the ORM stores it: SQLite keeps times as text and compares them as text.
             connection.ops.adapt_datetimefield_value(timezone.now()),
         ]
         if checkpoint:
             params.append(_CHECKPOINT_FIELD.get_db_prep_save(self._checkpoint(), connection))
-        params += [self.task.id, self.owner]
+        return [*params, self.task.id, self.owner]
+
+    def _event_rows(self, events: tuple[dict[str, Any], ...]) -> list[Any]:
+        """The parameters of a save's trace events (PostgreSQL), numbered from ``next_seq``."""
+        rows: list[Any] = []
         for i, event in enumerate(events):
-            params += _event_row(self.task.id, self.task.phase, self.next_seq + i, event)
-        return params
+            rows += _event_row(self.task.id, self.task.phase, self.next_seq + i, event)
+        return rows
 
     def _saved(self, row: tuple[Any, ...] | None, events: int) -> None:
         """Take in what a save returned: the stop fact, or that the lease is gone."""

@@ -592,3 +592,26 @@ def test_a_verified_write_whose_save_is_cut_off_is_still_recorded_committed(
     task.refresh_from_db()
     assert (task.state, task.reason, task.recoveries) == (TaskState.COMPLETED, "goal_met", 1)
     assert Notice.objects.filter(idempotency_key__startswith=f"task-{task.id}-").count() == 2
+
+
+def test_only_the_pre_execution_save_skips_the_wait_for_the_disk(start: Start) -> None:
+    """The save after a model call commits asynchronously, for its own transaction only:
+    the session's claims and saves after it still wait for the disk."""
+    sent: list[str] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    task = start("test_reader", {"pages": 2})  # its model calls report tokens: saved at once
+    with connection.execute_wrapper(record):
+        assert runner.drive(task.id) == "COMPLETED/goal_met"
+    with connection.cursor() as cursor:  # the driver's session, after it
+        cursor.execute("SHOW synchronous_commit")
+        (setting,) = cursor.fetchone()
+
+    asynchronous = [sql for sql in sent if "synchronous_commit" in sql]
+    assert len(asynchronous) == 2  # one per model call that proposed a read
+    assert all("INSERT INTO console_traceevent" in sql for sql in asynchronous)
+    assert not any("console_operation" in sql for sql in asynchronous)
+    assert setting == "on"
