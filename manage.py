@@ -163,7 +163,7 @@ def run_tests(pytest_args: list[str]) -> None:
 
 def run_django(argv: list[str]) -> None:
     """Hand the command line to Django (only ever called inside .venv)."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.project.settings")
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(argv)

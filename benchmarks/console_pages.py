@@ -616,7 +616,7 @@ def operator_ids(count: int = 5) -> list[int]:
 
 def setup_django(url: str) -> None:
     """Point the console's settings at the benchmark database and start Django."""
-    os.environ["DJANGO_SETTINGS_MODULE"] = "console.settings"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "console.project.settings"
     os.environ["DATABASE_URL"] = url
     import django
     from django.conf import settings

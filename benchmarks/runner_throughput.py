@@ -127,7 +127,7 @@ class ReadWriteMix(Agent):
         return Result(Kind.SUCCESS, {"notice": sent[0]})
 
     def _lookup(self, key: str) -> Settlement:
-        from console.desk import services as desk
+        from console.demo import desk
 
         return Settlement(committed=desk.notice_find(key) is not None)
 
@@ -822,7 +822,7 @@ def main(argv: list[str]) -> int:
 
     recreate(SERVER, DATABASE)
     try:
-        os.environ["DJANGO_SETTINGS_MODULE"] = "console.settings"
+        os.environ["DJANGO_SETTINGS_MODULE"] = "console.project.settings"
         os.environ["DATABASE_URL"] = url
         import django
         from django.conf import settings

@@ -221,7 +221,7 @@ def choose_shape(options: Options) -> ModuleType:
 
     Returns the settings module as it will be used (re-read when switching to standalone).
     """
-    config = importlib.import_module("console.settings")
+    config = importlib.import_module("console.project.settings")
     if options.standalone:
         os.environ["LOOPGUARD_STANDALONE"] = "1"
         config = importlib.reload(config)
@@ -343,7 +343,7 @@ class Demo:
 
 
 def seed_demo() -> Demo:
-    from console.demo import SCENARIOS, demo_tasks, demo_users
+    from console.demo.scenarios import SCENARIOS, demo_tasks, demo_users
     from console.management.commands.demo import credentials, task_lines
 
     people = demo_users()
@@ -430,8 +430,8 @@ def children(options: Options, config: ModuleType) -> list[Child]:
         Child(
             "web",
             [
-                python, "-m", "gunicorn", "console.wsgi:application",
-                "--config", "python:console.gunicorn_conf",
+                python, "-m", "gunicorn", "console.project.wsgi:application",
+                "--config", "python:console.project.gunicorn_conf",
                 "--bind", f"{options.host}:{options.port}",
                 "--workers", str(options.web_workers),
                 "--threads", "4",
@@ -465,7 +465,7 @@ def child_environment() -> dict[str, str]:
     # The children import this checkout's code, whatever is installed in the venv.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    env.setdefault("DJANGO_SETTINGS_MODULE", "console.project.settings")
     return env
 
 
@@ -561,8 +561,8 @@ def banner(url: str, demo: Demo | None) -> None:
 
 def run(options: Options) -> int:
     os.environ["LOOPGUARD_PROCESS"] = "up"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-    if os.environ["DJANGO_SETTINGS_MODULE"] != "console.settings":
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.project.settings")
+    if os.environ["DJANGO_SETTINGS_MODULE"] != "console.project.settings":
         say(f"using settings {os.environ['DJANGO_SETTINGS_MODULE']}")
     check_port(options.host, options.port)
     config = choose_shape(options)
@@ -639,7 +639,7 @@ def _demo_stops() -> bool:
     """Do the demo's due stops; True while some are still to come."""
     from django.db import DatabaseError, close_old_connections
 
-    from console.demo import demo_stop_due, demo_stop_pending
+    from console.demo.scenarios import demo_stop_due, demo_stop_pending
 
     try:
         for task in demo_stop_due():

@@ -28,7 +28,7 @@ from ._values import (
     Usage,
 )
 
-__all__ = ["Action", "Decision", "Guard", "Ticket"]
+__all__ = ["COMPLETED_KEPT", "HISTORY", "Action", "Decision", "Guard", "Ticket"]
 
 _KINDS = frozenset(Kind)
 _WAITING = (Kind.RETRYABLE, Kind.PENDING)
@@ -197,12 +197,19 @@ class Guard:
             elapsed_ms=self._elapsed(),
         )
 
-    def checkpoint(self) -> dict[str, Any]:
+    def checkpoint(self, *, history: bool = True) -> dict[str, Any]:
         """JSON-ready state to rebuild this guard in another process with :meth:`restore`.
 
         Counters and the detectors' memory both travel, so a crash, a redelivery or a new
-        worker neither resets a budget nor forgets a repeat.
+        worker neither resets a budget nor forgets a repeat. ``history=False`` leaves out
+        what grows with the phase (see :meth:`history`): a host that keeps it elsewhere
+        (a trace) hands it back to :meth:`restore`.
         """
+        if not history:
+            saved = self.checkpoint()
+            for name in HISTORY:
+                del saved[name]
+            return saved
         return {
             "version": _CHECKPOINT_VERSION,
             "usage": self.usage.to_dict(),
@@ -222,14 +229,19 @@ class Guard:
         cls,
         checkpoint: Mapping[str, Any],
         limits: Limits | None = None,
+        *,
+        history: Mapping[str, Any] | None = None,
         **options: Any,
     ) -> Guard:
         """A guard that goes on from ``checkpoint`` (see :meth:`checkpoint`).
 
-        ``options`` are the constructor's keyword arguments except ``used`` and
-        ``revision``, which come from the checkpoint. Raises ``ValueError`` if the
-        checkpoint is malformed.
+        ``history`` gives back what ``checkpoint(history=False)`` left out, in the shape of
+        :meth:`history`. ``options`` are the constructor's keyword arguments except
+        ``used`` and ``revision``, which come from the checkpoint. Raises ``ValueError`` if
+        the checkpoint is malformed.
         """
+        if history is not None:
+            checkpoint = {**checkpoint, **{name: history[name] for name in HISTORY}}
         try:
             if checkpoint["version"] != _CHECKPOINT_VERSION:
                 raise ValueError(f"checkpoint version {checkpoint['version']!r} is not supported")
@@ -253,6 +265,14 @@ class Guard:
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed checkpoint: {exc!r}") from exc
         return guard
+
+    def history(self) -> dict[str, Any]:
+        """What grows with the phase: the operation keys it touched (``touched``, in
+        first-touched order) and its latest completed requests (``completed``, each
+        ``[tool, fingerprint, operation_key, reused, revision]``, at most
+        ``COMPLETED_KEPT``)."""
+        saved = self.checkpoint()
+        return {name: saved[name] for name in HISTORY}
 
     def remaining(self) -> dict[str, int | None]:
         """Budget left per dimension (``None``: that dimension has no limit)."""
@@ -848,6 +868,8 @@ class Guard:
 
 _CHECKPOINT_VERSION = 1
 COMPLETED_KEPT = 50
+HISTORY = ("touched", "completed")
+"""The parts of a checkpoint that grow with the phase (see :meth:`Guard.history`)."""
 
 
 def _count(value: Any) -> int:

@@ -8,7 +8,37 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 from ._values import OperationState, Result
 
-__all__ = ["Claim", "ClaimStatus", "InMemoryLedger", "Ledger", "LedgerError", "Operation"]
+__all__ = [
+    "OPERATION_MOVES",
+    "Claim",
+    "ClaimStatus",
+    "InMemoryLedger",
+    "Ledger",
+    "LedgerError",
+    "Operation",
+]
+
+
+OPERATION_MOVES: dict[str, tuple[frozenset[OperationState | None], OperationState]] = {
+    # A fresh key (no entry yet), or a key verified not committed, taken for one execution.
+    "claim": (frozenset({None, OperationState.NOT_COMMITTED}), OperationState.IN_FLIGHT),
+    # The execution's commit verified (by inspect, or by a trusted lookup).
+    "record": (frozenset({OperationState.IN_FLIGHT}), OperationState.COMMITTED),
+    # The execution's outcome lost: an error, no result, a dead driver.
+    "lose": (frozenset({OperationState.IN_FLIGHT}), OperationState.UNKNOWN),
+    # Trusted evidence (a lookup, a person) settles an uncertain entry either way.
+    "settle_committed": (
+        frozenset({OperationState.IN_FLIGHT, OperationState.UNKNOWN}),
+        OperationState.COMMITTED,
+    ),
+    "settle_not_committed": (
+        frozenset({OperationState.IN_FLIGHT, OperationState.UNKNOWN}),
+        OperationState.NOT_COMMITTED,
+    ),
+}
+"""Every move an operation may make: name -> (states it may leave, the state it reaches).
+``None`` is "no entry yet". Nothing else moves an operation; every ledger (in memory,
+PostgreSQL, SQLite), recovery and reconciliation go by this table."""
 
 
 class LedgerError(RuntimeError):

@@ -166,6 +166,29 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class Dimension:
+    """One budget: what a task spends (a :class:`Usage` field), its limit (a :class:`Limits`
+    field), the reason a task stops when it runs out, and its name for people."""
+
+    used: str
+    limit: str
+    reason: Reason
+    label: str
+
+
+DIMENSIONS: tuple[Dimension, ...] = (
+    Dimension("model_calls", "model_calls", Reason.MODEL_BUDGET, "model calls"),
+    Dimension("requests", "requests", Reason.REQUEST_BUDGET, "requests"),
+    Dimension("executions", "executions", Reason.EXECUTION_BUDGET, "executions"),
+    Dimension("tokens", "tokens", Reason.TOKEN_BUDGET, "tokens"),
+    Dimension("polls", "polls", Reason.POLL_BUDGET, "polls"),
+    Dimension("elapsed_ms", "deadline_ms", Reason.DEADLINE, "time (ms)"),
+)
+"""Every budget a task has, declared once: reports, checkpoints, the console's saves,
+gauges and metrics derive theirs from this."""
+
+
+@dataclass(frozen=True, slots=True)
 class Call:
     """One tool call proposed by the model.
 

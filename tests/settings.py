@@ -4,15 +4,15 @@ Celery workers started by the tests use this module too, so the agents they driv
 lease timing they see are the same as in the test process.
 """
 
-from console.settings import *  # noqa: F403
-from console.settings import LOOPGUARD_AGENTS
+from console.project.settings import *  # noqa: F403
+from console.project.settings import LOOPGUARD_AGENTS
 
 LOOPGUARD_AGENTS = {
     **LOOPGUARD_AGENTS,
     "test_notices": "tests.console.agents.NoticeWriter",
     "test_reader": "tests.console.agents.SlowReader",
     "test_waiter": "tests.console.agents.Waiter",
-    "support_desk_model": "console.agents.model.SupportDeskModel",
+    "support_desk_model": "console.demo.support_desk.SupportDeskModel",
 }
 # A model that is never there (the discard port refuses): tests that talk to one start a
 # stub server of their own and point these at it.

@@ -74,7 +74,7 @@ def start_worker(
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "DATABASE_URL": database_url(),
         "CELERY_QUEUE": queue,
-        # console.settings builds the beat schedule from this variable when it is imported;
+        # console.project.settings builds the beat schedule from this variable when it is imported;
         # tests.settings' own value comes too late to change it (see
         # test_the_beat_sweeps_as_often_as_the_test_settings_say).
         "LOOPGUARD_SWEEP_SECONDS": str(settings.LOOPGUARD_SWEEP_SECONDS),

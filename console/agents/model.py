@@ -6,8 +6,9 @@ its tool calls with :func:`guard.calls_from_openai`; the next model call first a
 call of the last reply (:func:`guard.openai_tool_messages`). The application, not the model,
 says what each tool does and how a write's operation key is named (:class:`guard.ToolSpec`).
 
-:class:`SupportDeskModel` is the support desk agent with such a planner: the same tools and
-the same inspector, which reads the desk's records, never the model's word.
+The demo's ``SupportDeskModel`` (``console.demo.support_desk``) is the support desk agent
+with such a planner: the same tools and the same inspector, which reads the desk's records,
+never the model's word.
 
 Any server speaking that API works (OpenAI, Azure OpenAI's compatible endpoint, vLLM,
 Ollama, LiteLLM). Only the standard library is used to talk to it.
@@ -23,7 +24,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
@@ -32,7 +33,6 @@ from django.conf import settings
 from guard import Call, Finish, ToolSpec, calls_from_openai, openai_tool_messages
 
 from .base import Agent
-from .desk import SupportDesk
 
 MAX_REPLY_BYTES = 2 * 1024 * 1024  # a chat completion is a few KiB; anything this big is wrong
 _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -278,81 +278,4 @@ def _as_sent(message: Mapping[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def _object(**properties: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": dict(properties),
-        "required": list(properties),
-        "additionalProperties": False,
-    }
-
-
-class SupportDeskModel(ChatAgent, SupportDesk):
-    """The support desk agent with a model for a planner: same tools, same inspector.
-
-    Input as for ``support_desk``. The operation keys are named by the application, for
-    this task's order only: a second request for the same refund meets the first, and a
-    write about another order (or none) has no key and is refused before it runs.
-    """
-
-    name = "support_desk_model"
-    title = "Support desk (a real model plans)"
-    description = (
-        "The support desk's refund and notice, planned by the model LOOPGUARD_MODEL_URL names."
-    )
-    default_limits: ClassVar[Mapping[str, Any]] = {
-        "deadline_ms": 300_000,  # a real model takes seconds a call
-        "model_calls": 12,
-        "requests": 12,
-        "executions": 6,
-        "same": 2,
-        "stagnant": 4,
-    }
-    tool_parameters: ClassVar[Mapping[str, Mapping[str, Any]]] = {
-        "order_lookup": _object(order={"type": "integer"}),
-        "refund": _object(order={"type": "integer"}, amount_cents={"type": "integer"}),
-        "notify_customer": _object(
-            order={"type": "integer"}, recipient={"type": "string"}, text={"type": "string"}
-        ),
-    }
-
-    def tool_specs(self) -> Mapping[str, ToolSpec]:
-        """The lookup reads; the refund and the notice are writes keyed by this order."""
-
-        def this_order(key: str) -> Callable[[Mapping[str, Any]], str | None]:
-            def name(args: Mapping[str, Any]) -> str | None:
-                order = args.get("order")
-                return key if type(order) is int and order == self.order else None
-
-            return name
-
-        return {
-            "order_lookup": ToolSpec("read"),
-            "refund": ToolSpec("write", this_order(self.refund_key)),
-            "notify_customer": ToolSpec("write", this_order(self.notice_key)),
-        }
-
-    @classmethod
-    def validate_input(cls, input: Mapping[str, Any]) -> None:
-        """The support desk's input, and a configured model."""
-        SupportDesk.validate_input(input)
-        ChatAgent.validate_input(input)
-
-    def instructions(self) -> str:
-        """What the model is, and the rules it works by."""
-        return (
-            "You are a support agent with tools for the order desk. Look the order up first. "
-            "Refund exactly the amount you are asked to, once. Then send the customer one "
-            "short notice about the refund at the e-mail address the desk holds for the "
-            "order. When both are done, reply with a one-sentence summary and no tool call."
-        )
-
-    def goal(self) -> str:
-        """The task's input as the request the model works on."""
-        return (
-            f"Refund {self.amount_cents} cents on order {self.order} "
-            f"(reason: {self.reason}) and notify the customer."
-        )
-
-
-__all__ = ["ChatAgent", "ModelEndpoint", "ModelUnavailable", "SupportDeskModel"]
+__all__ = ["ChatAgent", "ModelEndpoint", "ModelUnavailable"]

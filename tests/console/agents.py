@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from console.agents import Agent, Tool
-from console.desk import services as desk
-from console.desk.models import Notice
+from console.demo import desk
+from console.demo.models import Notice
 from guard import Call, Evidence, Finish, Kind, Result, Settlement
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from console.desk.services import seed_demo_data
+from console.demo.desk import seed_demo_data
 from console.models import Task
 from console.services import task_start
 

@@ -18,7 +18,8 @@ import pytest
 from django.conf import settings
 
 from console.agents import Agent, agent_class
-from console.agents.demos import (
+from console.demo import desk
+from console.demo.agents import (
     BudgetBurner,
     ClaimedProgress,
     KeyConflict,
@@ -34,9 +35,8 @@ from console.agents.demos import (
     UnknownKind,
     UnverifiedFinish,
 )
-from console.agents.desk import SupportDesk
-from console.desk import services as desk
-from console.desk.models import ExportJob, Fault, Notice, Order, Refund
+from console.demo.models import ExportJob, Fault, Notice, Order, Refund
+from console.demo.support_desk import SupportDesk
 from guard import (
     Call,
     Guard,
@@ -144,7 +144,7 @@ class FakeClock:
 
 
 BUILT_IN = [
-    name for name, path in settings.LOOPGUARD_AGENTS.items() if path.startswith("console.agents.")
+    name for name, path in settings.LOOPGUARD_AGENTS.items() if path.startswith("console.demo.")
 ]
 
 

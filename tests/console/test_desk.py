@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from console.desk import services as desk
-from console.desk.models import ExportJob, Fault, Notice, Order, Page, Refund
+from console.demo import desk
+from console.demo.models import ExportJob, Fault, Notice, Order, Page, Refund
 
 pytestmark = pytest.mark.django_db
 

@@ -1,7 +1,7 @@
 """In standalone mode (SQLite) a claim is still atomic: of eight processes, one wins each key.
 
 The same race as test_ledger_db.py's, on a SQLite file in WAL mode with IMMEDIATE
-transactions (console/settings.py): eight OS processes, each its own connection and its
+transactions (console/project/settings.py): eight OS processes, each its own connection and its
 own task, claim the same fresh keys, and keys settled NOT_COMMITTED, at the same moments.
 Every process runs with ``LOOPGUARD_STANDALONE=1``; nothing here touches PostgreSQL. The
 history tables' append-only triggers are checked here too, after all migrations.

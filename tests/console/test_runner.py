@@ -16,7 +16,7 @@ from django.db import DatabaseError, connection, connections
 from django.utils import timezone
 
 from console import runner, services
-from console.desk.models import Notice
+from console.demo.models import Notice
 from console.ledger import DatabaseLedger
 from console.models import (
     Operation,

@@ -21,7 +21,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 
 from console import services
-from console.desk.models import Notice
+from console.demo.models import Notice
 from console.models import (
     Decision,
     EventKind,
@@ -156,7 +156,7 @@ def recovery_timeout() -> float:
 
 
 def test_the_beat_sweeps_as_often_as_the_test_settings_say() -> None:
-    # Without this, a crashed driver waits for console.settings' default sweep period.
+    # Without this, a crashed driver waits for console.project.settings' default sweep period.
     schedule = settings.CELERY_BEAT_SCHEDULE["recover-expired-leases"]["schedule"]
 
     assert schedule == settings.LOOPGUARD_SWEEP_SECONDS

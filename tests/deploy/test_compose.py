@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 ENV_EXAMPLE = ROOT / ".env.example"
 SETTINGS_DOC = ROOT / "docs" / "settings.md"
-SETTINGS = ROOT / "console" / "settings.py"
+SETTINGS = ROOT / "console" / "project" / "settings.py"
 
 APP_SERVICES = ("web", "worker", "beat")
 # ${NAME}, ${NAME:-default}, ${NAME:?error}, $NAME; "$$" is a literal dollar for the shell.
@@ -70,7 +70,7 @@ def documented_variables() -> set[str]:
 
 
 def settings_variables() -> set[str]:
-    """Environment variables console/settings.py reads, through its helpers or os.environ."""
+    """Environment variables the settings module reads, through its helpers or os.environ."""
     source = SETTINGS.read_text()
     helpers = re.findall(r"\benv_[a-z_]+\(\s*\"([A-Z][A-Z0-9_]*)\"", source)
     direct = re.findall(r"os\.environ(?:\.get)?[(\[]\s*\"([A-Z][A-Z0-9_]*)\"", source)
@@ -149,7 +149,7 @@ def test_the_app_reads_dot_env_with_debug_off_unless_it_says_otherwise(
 def _load_settings(**env: str) -> subprocess.CompletedProcess[str]:
     """Import the settings in a fresh interpreter with only ``env`` set."""
     return subprocess.run(
-        [sys.executable, "-c", "import console.settings"],
+        [sys.executable, "-c", "import console.project.settings"],
         cwd=ROOT,
         env={"PATH": "/usr/bin:/bin", **env},
         capture_output=True,

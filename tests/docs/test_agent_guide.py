@@ -18,8 +18,8 @@ import pytest
 from pytest_django.fixtures import Settings
 
 from console import runner, services
-from console.desk import services as desk
-from console.desk.models import Notice
+from console.demo import desk
+from console.demo.models import Notice
 from console.models import Operation, OperationState, Task, TaskState, TraceEvent
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "agent-guide.md"

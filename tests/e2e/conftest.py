@@ -25,8 +25,8 @@ from playwright.sync_api import (
     sync_playwright,
 )
 
-from console.celery import app as celery_app
-from console.desk.services import seed_demo_data
+from console.demo.desk import seed_demo_data
+from console.project.celery import app as celery_app
 from console.roles import Role, assign
 from tests.workers import Worker, start_worker, stop_worker
 from tests.workers import wait_for as wait_for  # test_console.py imports it from here

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from console.demo import DemoUser, Scenario, demo_tasks, demo_users
-from console.desk.services import seed_demo_data
+from console.demo.desk import seed_demo_data
+from console.demo.scenarios import DemoUser, Scenario, demo_tasks, demo_users
 from console.models import Task
 
 

@@ -15,7 +15,7 @@ from django.utils.csp import CSP
 
 from console.logs import logging_config
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+BASE_DIR = Path(__file__).resolve().parents[2]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -152,7 +152,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "console",
-    "console.desk",
+    "console.demo",
 ]
 
 MIDDLEWARE = [
@@ -173,11 +173,11 @@ MIDDLEWARE = [
 # Everything, htmx included, is served from our own origin: no CDN, no inline scripts.
 SECURE_CSP = {"default-src": [CSP.SELF]}
 
-ROOT_URLCONF = "console.urls"
+ROOT_URLCONF = "console.project.urls"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
-WSGI_APPLICATION = "console.wsgi.application"
+WSGI_APPLICATION = "console.project.wsgi.application"
 
 TEMPLATES = [
     {
@@ -243,21 +243,21 @@ LOGGING = logging_config(env_str("DJANGO_LOG_LEVEL", "INFO"))
 
 # Agents the workers can run, by name; add your own as "name": "package.module.Class".
 LOOPGUARD_AGENTS = {
-    "support_desk": "console.agents.desk.SupportDesk",
-    "paging": "console.agents.demos.Paging",
-    "retrying_read": "console.agents.demos.RetryingRead",
-    "oscillation": "console.agents.demos.Oscillation",
-    "claimed_progress": "console.agents.demos.ClaimedProgress",
-    "repeated_write": "console.agents.demos.RepeatedWrite",
-    "lost_response": "console.agents.demos.LostResponse",
-    "key_conflict": "console.agents.demos.KeyConflict",
-    "permanent_error": "console.agents.demos.PermanentError",
-    "missing_precondition": "console.agents.demos.MissingPrecondition",
-    "slow_job": "console.agents.demos.SlowJob",
-    "budget_burner": "console.agents.demos.BudgetBurner",
-    "unknown_kind": "console.agents.demos.UnknownKind",
-    "unverified_finish": "console.agents.demos.UnverifiedFinish",
-    "long_runner": "console.agents.demos.LongRunner",
+    "support_desk": "console.demo.support_desk.SupportDesk",
+    "paging": "console.demo.agents.Paging",
+    "retrying_read": "console.demo.agents.RetryingRead",
+    "oscillation": "console.demo.agents.Oscillation",
+    "claimed_progress": "console.demo.agents.ClaimedProgress",
+    "repeated_write": "console.demo.agents.RepeatedWrite",
+    "lost_response": "console.demo.agents.LostResponse",
+    "key_conflict": "console.demo.agents.KeyConflict",
+    "permanent_error": "console.demo.agents.PermanentError",
+    "missing_precondition": "console.demo.agents.MissingPrecondition",
+    "slow_job": "console.demo.agents.SlowJob",
+    "budget_burner": "console.demo.agents.BudgetBurner",
+    "unknown_kind": "console.demo.agents.UnknownKind",
+    "unverified_finish": "console.demo.agents.UnverifiedFinish",
+    "long_runner": "console.demo.agents.LongRunner",
 }
 
 # A model behind an OpenAI-compatible Chat Completions API, for agents whose planner is a real
@@ -272,7 +272,7 @@ if LOOPGUARD_MODEL_TIMEOUT_SECONDS <= 0 or LOOPGUARD_MODEL_RETRIES < 0:
         "LOOPGUARD_MODEL_TIMEOUT_SECONDS must be above 0 and LOOPGUARD_MODEL_RETRIES at least 0"
     )
 if LOOPGUARD_MODEL_URL:
-    LOOPGUARD_AGENTS["support_desk_model"] = "console.agents.model.SupportDeskModel"
+    LOOPGUARD_AGENTS["support_desk_model"] = "console.demo.support_desk.SupportDeskModel"
 
 # Budgets every task starts from; an agent's defaults and the starter's values override them.
 LOOPGUARD_DEFAULT_LIMITS = {

@@ -1,7 +1,7 @@
 """The built-in demo agents: one per row of the design's behaviour table, run for real.
 
 Each one has a scripted planner standing in for an LLM, tools acting on the support desk
-(``console.desk``) and an inspector that verifies progress from the desk's tables. Writes
+(``console.demo.desk``) and an inspector that verifies progress from the desk's tables. Writes
 carry operation keys derived from the input (``incident-<id>-first-notice``), so that
 reconciling an uncertain write means finding, or not finding, a real row.
 
@@ -18,9 +18,10 @@ from typing import Any, ClassVar
 
 from guard import Call, Evidence, Finish, Kind, Result, Settlement
 
-from ..desk import services as desk
-from ..desk.models import ExportJob, Notice, Order
-from ._support import (
+from ..agents.base import Agent, Tool
+from . import desk
+from .models import ExportJob, Notice, Order
+from .tools import (
     Field,
     check_input,
     notice_call,
@@ -33,7 +34,6 @@ from ._support import (
     succeeded,
     verify_page,
 )
-from .base import Agent, Tool
 
 __all__ = [
     "BASE_LIMITS",

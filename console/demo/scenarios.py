@@ -23,10 +23,10 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
-from .desk.services import seed_demo_data
-from .models import ACTIVE_STATES, Phase, Task, TaskState
-from .roles import Role, assign, ensure_groups
-from .services import Enqueue, ServiceError, input_fingerprint, task_start, task_stop
+from ..models import ACTIVE_STATES, Phase, Task, TaskState
+from ..roles import Role, assign, ensure_groups
+from ..services import Enqueue, ServiceError, input_fingerprint, task_start, task_stop
+from .desk import seed_demo_data
 
 logger = logging.getLogger(__name__)
 

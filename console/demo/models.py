@@ -1,4 +1,4 @@
-"""The support desk's records. Writes go through ``console.desk.services`` only.
+"""The support desk's records. Writes go through ``console.demo.desk`` only.
 
 Every business action the agents take (a refund, a notice, an export job) carries the
 idempotency key the agent used as its operation key, under a unique constraint: the

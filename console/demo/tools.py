@@ -12,9 +12,9 @@ from typing import Any
 
 from guard import Call, Kind, Result, Settlement
 
-from ..desk import services as desk
-from ..desk.models import Notice, Order
-from .base import Tool
+from ..agents.base import Tool
+from . import desk
+from .models import Notice, Order
 
 _REQUIRED: Any = object()
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import Celery
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.project.settings")
 
 app = Celery("loopguard")
 app.config_from_object("django.conf:settings", namespace="CELERY")

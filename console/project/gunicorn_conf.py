@@ -1,4 +1,4 @@
-"""gunicorn's settings for the console: ``gunicorn -c python:console.gunicorn_conf console.wsgi``.
+"""gunicorn's settings for the console (``gunicorn -c python:console.project.gunicorn_conf``).
 
 Only logging lives here: gunicorn's own lines (start-up, workers, one access line per
 request) come out in LoopGuard's one-line format (console/logs.py), like Django's and

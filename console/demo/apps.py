@@ -12,7 +12,7 @@ from django.db.models.signals import post_migrate
 class DeskConfig(AppConfig):
     """Orders, refunds, notices, export jobs and pages for the demo agents."""
 
-    name = "console.desk"
+    name = "console.demo"
     label = "desk"
     verbose_name = "Support desk (demo business system)"
     default_auto_field = "django.db.models.BigAutoField"
@@ -24,8 +24,8 @@ class DeskConfig(AppConfig):
 
 
 def _seed_after_migrate(using: str = DEFAULT_DB_ALIAS, **kwargs: Any) -> None:
+    from .desk import seed_demo_data
     from .models import Page
-    from .services import seed_demo_data
 
     # `migrate` may stop short of the desk's migrations (`migrate console 0001`), and the
     # signal is sent all the same.

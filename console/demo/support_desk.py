@@ -1,19 +1,21 @@
 """The support desk agent: look an order up, refund it, tell the customer, finish.
 
 Its planner is scripted and stands in for an LLM; its tools act on the desk's real tables
-(``console.desk``) and its inspector verifies progress from those tables only.
+(``console.demo.desk``) and its inspector verifies progress from those tables only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from guard import Call, Evidence, Finish, Kind, Result, Settlement
+from guard import Call, Evidence, Finish, Kind, Result, Settlement, ToolSpec
 
-from ..desk import services as desk
-from ..desk.models import Refund
-from ._support import (
+from ..agents.base import Agent, Tool
+from ..agents.model import ChatAgent
+from . import desk
+from .models import Refund
+from .tools import (
     Field,
     check_input,
     notice_matches,
@@ -22,7 +24,6 @@ from ._support import (
     order_tool,
     succeeded,
 )
-from .base import Agent, Tool
 
 _STEPS = ("order_lookup", "refund", "notify_customer")
 
@@ -198,3 +199,80 @@ def _refund_settlement(operation_key: str) -> Settlement:
             f"{refund.order.number} at {refund.created_at:%Y-%m-%d %H:%M:%S %Z}"
         ),
     )
+
+
+def _object(**properties: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": dict(properties),
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+class SupportDeskModel(ChatAgent, SupportDesk):
+    """The support desk agent with a model for a planner: same tools, same inspector.
+
+    Input as for ``support_desk``. The operation keys are named by the application, for
+    this task's order only: a second request for the same refund meets the first, and a
+    write about another order (or none) has no key and is refused before it runs.
+    """
+
+    name = "support_desk_model"
+    title = "Support desk (a real model plans)"
+    description = (
+        "The support desk's refund and notice, planned by the model LOOPGUARD_MODEL_URL names."
+    )
+    default_limits: ClassVar[Mapping[str, Any]] = {
+        "deadline_ms": 300_000,  # a real model takes seconds a call
+        "model_calls": 12,
+        "requests": 12,
+        "executions": 6,
+        "same": 2,
+        "stagnant": 4,
+    }
+    tool_parameters: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "order_lookup": _object(order={"type": "integer"}),
+        "refund": _object(order={"type": "integer"}, amount_cents={"type": "integer"}),
+        "notify_customer": _object(
+            order={"type": "integer"}, recipient={"type": "string"}, text={"type": "string"}
+        ),
+    }
+
+    def tool_specs(self) -> Mapping[str, ToolSpec]:
+        """The lookup reads; the refund and the notice are writes keyed by this order."""
+
+        def this_order(key: str) -> Callable[[Mapping[str, Any]], str | None]:
+            def name(args: Mapping[str, Any]) -> str | None:
+                order = args.get("order")
+                return key if type(order) is int and order == self.order else None
+
+            return name
+
+        return {
+            "order_lookup": ToolSpec("read"),
+            "refund": ToolSpec("write", this_order(self.refund_key)),
+            "notify_customer": ToolSpec("write", this_order(self.notice_key)),
+        }
+
+    @classmethod
+    def validate_input(cls, input: Mapping[str, Any]) -> None:
+        """The support desk's input, and a configured model."""
+        SupportDesk.validate_input(input)
+        ChatAgent.validate_input(input)
+
+    def instructions(self) -> str:
+        """What the model is, and the rules it works by."""
+        return (
+            "You are a support agent with tools for the order desk. Look the order up first. "
+            "Refund exactly the amount you are asked to, once. Then send the customer one "
+            "short notice about the refund at the e-mail address the desk holds for the "
+            "order. When both are done, reply with a one-sentence summary and no tool call."
+        )
+
+    def goal(self) -> str:
+        """The task's input as the request the model works on."""
+        return (
+            f"Refund {self.amount_cents} cents on order {self.order} "
+            f"(reason: {self.reason}) and notify the customer."
+        )

@@ -1,9 +1,0 @@
-"""WSGI entry point for the console (e.g. `gunicorn console.wsgi`)."""
-
-import os
-
-from django.core.wsgi import get_wsgi_application
-
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-
-application = get_wsgi_application()
