@@ -9,8 +9,11 @@
 | ``POST /api/tasks/<id>/resume`` | approve | approve a new phase |
 | ``GET /api/operations`` | read | the reconciliation queue |
 | ``POST /api/operations/<key>/resolve`` | reconcile | mark committed or not committed |
+| ``GET /api/openapi.json`` | read | this API's OpenAPI 3.1 description (token or session) |
 
-Operation keys may contain slashes, hence the ``path`` converter.
+Operation keys may contain slashes, hence the ``path`` converter. A new endpoint is a view
+here, a shape in :mod:`console.serializers` and an entry in :mod:`console.openapi` (the
+document is built from this map, and refuses a routed method it has no entry for).
 """
 
 from django.urls import path, re_path
@@ -26,6 +29,7 @@ urlpatterns = [
     path("tasks/<int:task_id>/resume", views.task_resume, name="task-resume"),
     path("operations", views.operations, name="operations"),
     path("operations/<path:key>/resolve", views.operation_resolve, name="operation-resolve"),
+    path("openapi.json", views.openapi_document, name="openapi"),
     # Last: anything else under /api/ is a JSON 404 rather than the console's HTML one.
     re_path(r"", views.not_found),
 ]

@@ -1,162 +1,111 @@
-"""The JSON API: the console's reads and actions for programs, authenticated by bearer token.
+"""The JSON API's views: authenticate, parse, call one service or selector, answer.
 
-A request proves who it acts for with ``Authorization: Bearer <token>`` and nothing else:
-the API never looks at the browser session, so a page on another site cannot make a
-signed-in person's browser act through it (there are no cookies to ride on, which is also
-why CSRF does not apply). The token's user then needs the same role the console asks for
+A request proves who it acts for with ``Authorization: Bearer <token>``
+(:mod:`console.tokens`): the API's data and actions never look at the browser session, so
+a page on another site cannot make a signed-in person's browser act through it (there are
+no cookies to ride on, which is also why CSRF does not apply). The one exception is the
+description at ``/api/openapi.json``: it holds no data and changes nothing, so a signed-in
+session may read it too. The user then needs the same role the console asks for
 (:func:`console.roles.can`), and every action goes through the same service as the console,
 so state moves, stale actions and audit entries are the same whichever door was used.
 
-Every answer is JSON; every failure is ``{"error": "..."}`` with a status a client can act
-on: 400 malformed, 401 no usable token, 403 missing role, 404 unknown, 405 wrong method,
-409 stale or refused action, 413 body over 1 MiB.
+Every answer is JSON (shapes in :mod:`console.serializers`, described by
+:mod:`console.openapi`); every failure is ``{"error": "...", "code": "..."}`` whose code
+fixes its status: 400 malformed, 401 no usable token, 403 missing role, 404 unknown, 405
+wrong method, 409 stale or refused action, 413 body over 1 MiB.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
-import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.contrib.auth.decorators import login_not_required
-from django.contrib.auth.models import User
+from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import RequestDataTooBig
-from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
-from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 
-from . import selectors, services
-from .models import ApiToken, Operation, Phase, StopReport, Task, TraceEvent
+from . import openapi, selectors, services
+from . import serializers as s
+from .models import ApiToken
 from .roles import Capability, can
+from .serializers import ErrorCode
+from .tokens import TokenRefused, api_token_authenticate
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1024 * 1024
-# Makes a leaked token recognisable to secret scanners and people; not a secret itself.
-TOKEN_PREFIX = "lg_"  # noqa: S105
-PREFIX_LENGTH = 8
-MAX_TOKEN_LENGTH = 200  # longer than any token we issue: not worth hashing
-# ``last_used_at`` is written at most this often per token, so that a busy client does not
-# turn every read into a write.
-LAST_USED_RESOLUTION = timedelta(minutes=1)
 CHALLENGE = 'Bearer realm="loopguard"'
-
-
-# -- tokens ------------------------------------------------------------------------------------
-
-
-def api_token_digest(secret: str) -> str:
-    """What is stored for ``secret``: its SHA-256, in hex."""
-    return hashlib.sha256(secret.encode()).hexdigest()
-
-
-def api_token_issue(*, user: User, name: str) -> tuple[ApiToken, str]:
-    """Create a token for ``user``; returns it with its secret, which is never stored.
-
-    The caller must show the secret now: afterwards only its hash and prefix exist.
-    """
-    name = name.strip()
-    if not name:
-        raise services.InvalidInput("a token needs a name")
-    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken.objects.create(
-        user=user,
-        name=name[:100],
-        key_hash=api_token_digest(secret),
-        prefix=secret[:PREFIX_LENGTH],
-    )
-    return token, secret
-
-
-def api_token_for(secret: str) -> ApiToken | None:
-    """The token whose secret this is (revoked or not), or None."""
-    if not secret or len(secret) > MAX_TOKEN_LENGTH:
-        return None
-    digest = api_token_digest(secret)
-    token = ApiToken.objects.select_related("user").filter(key_hash=digest).first()
-    # The lookup compares hashes in the database, not in constant time; checking again with
-    # compare_digest keeps the final decision free of timing differences all the same.
-    if token is None or not hmac.compare_digest(token.key_hash, digest):
-        return None
-    return token
-
-
-def _mark_used(token: ApiToken) -> None:
-    now = timezone.now()
-    due = now - LAST_USED_RESOLUTION
-    if token.last_used_at is not None and token.last_used_at >= due:
-        return
-    # Conditional, so that concurrent requests write once and never move the time back.
-    ApiToken.objects.filter(id=token.id).filter(
-        Q(last_used_at__isnull=True) | Q(last_used_at__lt=due)
-    ).update(last_used_at=now)
-    token.last_used_at = now
 
 
 # -- requests and answers ----------------------------------------------------------------------
 
 
 class ApiError(Exception):
-    """A failure answered as ``{"error": message}`` with ``status``."""
+    """A failure answered as :data:`console.serializers.ERROR` with its code's status."""
 
     def __init__(
-        self, status: int, message: str, *, headers: Mapping[str, str] | None = None,
-        extra: Mapping[str, Any] | None = None,
+        self, code: ErrorCode, message: str, *, headers: Mapping[str, str] | None = None,
+        fields: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status = status
+        self.code = code
         self.message = message
         self.headers = dict(headers or {})
-        self.extra = dict(extra or {})
+        self.fields = dict(fields) if fields else None
 
     def response(self) -> JsonResponse:
-        response = JsonResponse({"error": self.message, **self.extra}, status=self.status)
+        response = JsonResponse(s.ERROR.dump(self), status=self.code.status)
         for name, value in self.headers.items():
             response[name] = value
         return response
 
 
-def _unauthorized(message: str, code: str = "") -> ApiError:
-    challenge = f'{CHALLENGE}, error="{code}"' if code else CHALLENGE
-    return ApiError(401, message, headers={"WWW-Authenticate": challenge})
+def _unauthorized(code: ErrorCode, message: str) -> ApiError:
+    # RFC 6750: no error attribute when no credentials were sent at all.
+    sent = code != ErrorCode.TOKEN_REQUIRED
+    challenge = f'{CHALLENGE}, error="{code}"' if sent else CHALLENGE
+    return ApiError(code, message, headers={"WWW-Authenticate": challenge})
 
 
-# A ServiceError's message is written for the person who asked; the status says what kind.
-SERVICE_STATUS: dict[type[services.ServiceError], int] = {
-    services.NotFound: 404,
-    services.InvalidInput: 400,
-    services.StaleState: 409,
-    services.Refused: 409,
+# A ServiceError's message is written for the person who asked; its kind gives the code.
+SERVICE_ERRORS: dict[type[services.ServiceError], ErrorCode] = {
+    services.NotFound: ErrorCode.NOT_FOUND,
+    services.InvalidInput: ErrorCode.INVALID_INPUT,
+    services.StaleState: ErrorCode.STALE_STATE,
+    services.Refused: ErrorCode.REFUSED,
 }
 
 
-def _service_status(exc: services.ServiceError) -> int:
-    for kind, status in SERVICE_STATUS.items():
+def _service_code(exc: services.ServiceError) -> ErrorCode:
+    for kind, code in SERVICE_ERRORS.items():
         if isinstance(exc, kind):
-            return status
-    return 409  # a refusal we have no better word for: the request was understood
+            return code
+    return ErrorCode.REFUSED  # a refusal we have no better word for: the request was understood
 
 
 @dataclass(frozen=True)
 class ApiCall:
-    """One authenticated API request: who, with which token, with what body."""
+    """One authenticated API request: who (by token, or by session where allowed), with
+    what body."""
 
     request: HttpRequest
-    token: ApiToken
+    user: User
+    token: ApiToken | None
     body: dict[str, Any]
 
     @property
-    def user(self) -> User:
-        return self.token.user
+    def credential(self) -> str:
+        """How the caller proved who they are, for audit reasons."""
+        if self.token is None:
+            return "a signed-in session"
+        return f"token {self.token.prefix}… ({self.token.name})"
 
 
 Handler = Callable[..., HttpResponse]
@@ -170,13 +119,19 @@ class Action:
     handler: Handler
 
 
-def endpoint(*, get: Action | None = None, post: Action | None = None) -> Handler:
-    """A view answering only the given methods, each after token and role checks."""
+def endpoint(
+    *, get: Action | None = None, post: Action | None = None, session_may_read: bool = False
+) -> openapi.Endpoint:
+    """A view answering only the given methods, each after authentication and role checks.
+
+    ``session_may_read``: a signed-in console session is accepted as well as a token, for
+    what holds no data and changes nothing.
+    """
     actions = {method: action for method, action in (("GET", get), ("POST", post)) if action}
     allowed = ", ".join(actions)
 
     # login_not_required: the token is the login, so the session middleware must not
-    # redirect to the login page. csrf_exempt: no cookie authenticates here (see above).
+    # redirect to the login page. csrf_exempt: no cookie authenticates a change here.
     @login_not_required
     @csrf_exempt
     @never_cache
@@ -184,56 +139,70 @@ def endpoint(*, get: Action | None = None, post: Action | None = None) -> Handle
         action = actions.get(request.method or "")
         if action is None:
             return ApiError(
-                405, f"{request.method} is not allowed here; use {allowed}",
+                ErrorCode.METHOD_NOT_ALLOWED,
+                f"{request.method} is not allowed here; use {allowed}",
                 headers={"Allow": allowed},
             ).response()
         try:
-            token = _authenticate(request)
-            if not can(token.user, action.capability):
-                raise ApiError(403, f"this needs the {action.capability} permission")
+            user, token = _authenticate(request, session_may_read=session_may_read)
+            if not can(user, action.capability):
+                raise ApiError(
+                    ErrorCode.PERMISSION_DENIED, f"this needs the {action.capability} permission"
+                )
             body = _body(request) if request.method == "POST" else {}
-            return action.handler(ApiCall(request, token, body), **kwargs)
+            return action.handler(ApiCall(request, user, token, body), **kwargs)
         except ApiError as exc:
             return exc.response()
         except services.ServiceError as exc:
-            return ApiError(_service_status(exc), str(exc)).response()
+            return ApiError(_service_code(exc), str(exc)).response()
         except Exception:
             # A client gets JSON even when we fail; the details go to the log, not to it.
             logger.exception("API %s %s failed", request.method, request.path)
-            return ApiError(500, "internal error; it has been logged").response()
+            failed = ApiError(ErrorCode.INTERNAL_ERROR, "internal error; it has been logged")
+            return failed.response()
 
-    return view
+    described = cast(openapi.Endpoint, view)
+    described.permissions = {method: action.capability for method, action in actions.items()}
+    described.session_may_read = session_may_read
+    return described
 
 
-def _authenticate(request: HttpRequest) -> ApiToken:
+def _authenticate(
+    request: HttpRequest, *, session_may_read: bool
+) -> tuple[User, ApiToken | None]:
     header = request.META.get("HTTP_AUTHORIZATION", "").strip()
     if not header:
-        raise _unauthorized("an API token is required: send Authorization: Bearer <token>")
+        session_user = getattr(request, "user", AnonymousUser())
+        if session_may_read and isinstance(session_user, User) and session_user.is_active:
+            return session_user, None
+        raise _unauthorized(
+            ErrorCode.TOKEN_REQUIRED,
+            "an API token is required: send Authorization: Bearer <token>",
+        )
     scheme, _, secret = header.partition(" ")
     secret = secret.strip()
     if scheme.lower() != "bearer" or not secret:
         raise _unauthorized(
-            "the Authorization header must be Bearer <token>", "invalid_request"
+            ErrorCode.INVALID_REQUEST, "the Authorization header must be Bearer <token>"
         )
-    token = api_token_for(secret)
-    if token is None:
-        raise _unauthorized("the token is not valid", "invalid_token")
-    if token.is_revoked:
-        raise _unauthorized("the token has been revoked", "invalid_token")
-    if not token.user.is_active:
-        raise _unauthorized("the token's user is deactivated", "invalid_token")
-    _mark_used(token)
+    try:
+        token = api_token_authenticate(secret)
+    except TokenRefused as exc:
+        raise _unauthorized(ErrorCode.INVALID_TOKEN, str(exc)) from None
     # Whatever the session said, this request acts as the token's user.
     request.user = token.user
-    return token
+    return token.user, token
 
 
 def _body(request: HttpRequest) -> dict[str, Any]:
-    too_big = ApiError(413, f"the body is larger than {MAX_BODY_BYTES // 1024 // 1024} MiB")
+    too_big = ApiError(
+        ErrorCode.BODY_TOO_LARGE,
+        f"the body is larger than {MAX_BODY_BYTES // 1024 // 1024} MiB",
+    )
     try:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
-        raise ApiError(400, "Content-Length is not a number") from None
+        raise ApiError(ErrorCode.INVALID_BODY, "Content-Length is not a number") from None
     # Refuse on the declared length, before reading a byte of it.
     if declared > MAX_BODY_BYTES:
         raise too_big
@@ -249,12 +218,15 @@ def _body(request: HttpRequest) -> dict[str, Any]:
         value = json.loads(raw, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
         raise ApiError(
-            400, f"the body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+            ErrorCode.INVALID_BODY,
+            f"the body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
         ) from None
     except (ValueError, RecursionError) as exc:
-        raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+        raise ApiError(ErrorCode.INVALID_BODY, f"the body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise ApiError(400, "the body must be a JSON object, like {\"reason\": \"...\"}")
+        raise ApiError(
+            ErrorCode.INVALID_BODY, "the body must be a JSON object, like {\"reason\": \"...\"}"
+        )
     return value
 
 
@@ -262,128 +234,17 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _fields(body: Mapping[str, Any], *known: str) -> None:
-    """Refuse fields we do not know: a typo (``"reasn"``) must not pass silently."""
-    unknown = sorted(set(body) - set(known))
-    if unknown:
-        raise ApiError(
-            400, f"unknown field(s): {', '.join(unknown)}; expected: {', '.join(known)}"
-        )
-
-
-def _text(body: Mapping[str, Any], name: str) -> str:
-    value = body.get(name, "")
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise ApiError(400, f"{name} must be a string")
-    return value
-
-
-def _object(body: Mapping[str, Any], name: str) -> dict[str, Any] | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise ApiError(400, f"{name} must be a JSON object")
-    return value
-
-
 def _query_int(request: HttpRequest, name: str) -> int | None:
     raw = request.GET.get(name, "").strip()
     if not raw:
         return None
     if not raw.isdecimal() or len(raw) > 18:
-        raise ApiError(400, f"{name} must be a whole number ≥ 0")
+        raise ApiError(ErrorCode.INVALID_QUERY, f"{name} must be a whole number ≥ 0")
     return int(raw)
 
 
-# -- what a client sees ------------------------------------------------------------------------
-
-
-def _username(user: User | None) -> str | None:
-    return None if user is None else user.get_username()
-
-
-def task_json(task: Task) -> dict[str, Any]:
-    """A task as the list and the actions show it."""
-    return {
-        "id": task.id,
-        "url": reverse("api:task", args=[task.id]),
-        "agent": task.agent,
-        "state": task.state,
-        "reason": task.reason,
-        "detail": task.detail,
-        "phase": task.phase,
-        "created_at": task.created_at,
-        "updated_at": task.updated_at,
-        "finished_at": task.finished_at,
-        "stop_requested_at": task.stop_requested_at,
-        "counters": {name: getattr(task, name) for name in selectors.BUDGETS},
-        "revision": task.revision,
-        "limits": task.limits,
-    }
-
-
-def operation_json(op: Operation) -> dict[str, Any]:
-    """A ledger operation, without its stored result (the trace shows a preview)."""
-    return {
-        "key": op.key,
-        "resolve_url": reverse("api:operation-resolve", kwargs={"key": op.key}),
-        "task": op.task_id,
-        "state": op.state,
-        "tool": op.tool,
-        "args_preview": op.args_preview,
-        "attempts": op.attempts,
-        "evidence": op.evidence,
-        "claimed_at": op.claimed_at,
-        "updated_at": op.updated_at,
-    }
-
-
-def _phase_json(phase: Phase) -> dict[str, Any]:
-    return {
-        "number": phase.number,
-        "state": phase.state,
-        "reason": phase.reason,
-        "started_at": phase.started_at,
-        "ended_at": phase.ended_at,
-        "approved_by": _username(phase.approved_by),
-        "approval_note": phase.approval_note,
-        "grant": phase.grant,
-        "usage_at_start": phase.usage_at_start,
-    }
-
-
-def _report_json(report: StopReport) -> dict[str, Any]:
-    return {
-        "phase": report.phase,
-        "at": report.at,
-        "state": report.state,
-        "reason": report.reason,
-        "report": report.report,
-    }
-
-
-def _event_json(event: TraceEvent) -> dict[str, Any]:
-    return {
-        "seq": event.seq,
-        "phase": event.phase,
-        "at": event.at,
-        "kind": event.kind,
-        "decision": event.decision,
-        "reason": event.reason,
-        "tool": event.tool,
-        "fingerprint": event.fingerprint,
-        "args_preview": event.args_preview,
-        "result_kind": event.result_kind,
-        "result_preview": event.result_preview,
-        "revision": event.revision,
-        "operation_key": event.operation_key,
-        "latency_ms": event.latency_ms,
-        "tokens": event.tokens,
-        "detail": event.detail,
-    }
+def _answer(shape: s.Shape, value: Any, *, status: int = 200) -> JsonResponse:
+    return JsonResponse(shape.dump(value), status=status)
 
 
 # -- endpoints ---------------------------------------------------------------------------------
@@ -395,38 +256,26 @@ def _task_list(call: ApiCall) -> HttpResponse:
         # The console drops a bad filter and says so; a program would silently get every
         # task instead of the ones it asked for, so it is refused here.
         message = "; ".join(f"{name}: {text}" for name, text in filters.errors.items())
-        raise ApiError(400, message, extra={"fields": filters.errors})
+        raise ApiError(ErrorCode.INVALID_QUERY, message, fields=filters.errors)
     number = _query_int(call.request, "page")
     if number == 0:
-        raise ApiError(400, "page numbers start at 1")
-    page = selectors.task_page(filters, number or 1)
-    return JsonResponse({
-        "tasks": [task_json(task) for task in page],
-        "page": {
-            "number": page.number,
-            "pages": page.paginator.num_pages,
-            "per_page": page.paginator.per_page,
-            "count": page.paginator.count,
-            "next": page.next_page_number() if page.has_next() else None,
-            "previous": page.previous_page_number() if page.has_previous() else None,
-        },
-    })
+        raise ApiError(ErrorCode.INVALID_QUERY, "page numbers start at 1")
+    return _answer(s.TASK_PAGE, selectors.task_page(filters, number or 1))
 
 
 def _task_start(call: ApiCall) -> HttpResponse:
-    _fields(call.body, "agent", "input", "limits", "reason")
-    agent = _text(call.body, "agent").strip()
+    fields = s.START_TASK.read(call.body)
+    agent = fields["agent"].strip()
     if not agent:
-        raise ApiError(400, "agent is required")
+        raise ApiError(ErrorCode.INVALID_INPUT, "agent is required")
     task = services.task_start(
         agent=agent,
-        input=_object(call.body, "input"),
-        limits=_object(call.body, "limits"),
+        input=fields["input"],
+        limits=fields["limits"],
         actor=call.user,
-        reason=_text(call.body, "reason").strip()
-        or f"started through the API with token {call.token.prefix}… ({call.token.name})",
+        reason=fields["reason"].strip() or f"started through the API with {call.credential}",
     )
-    response = JsonResponse({"task": task_json(task)}, status=201)
+    response = _answer(s.TASK_ANSWER, task, status=201)
     response["Location"] = reverse("api:task", args=[task.id])
     return response
 
@@ -435,82 +284,57 @@ def _task_detail(call: ApiCall, task_id: int) -> HttpResponse:
     after = _query_int(call.request, "after")
     before = _query_int(call.request, "before")
     if after is not None and before is not None:
-        raise ApiError(400, "ask for events after or before a seq, not both")
+        raise ApiError(ErrorCode.INVALID_QUERY, "ask for events after or before a seq, not both")
     detail = selectors.task_detail(task_id, before=before)
     if detail is None:
-        raise ApiError(404, f"there is no task {task_id}")
-    events = detail.events
-    last_seq = detail.last_seq
-    if after is not None:
+        raise ApiError(ErrorCode.NOT_FOUND, f"there is no task {task_id}")
+    if after is None:
+        view = s.TaskView(detail, detail.events, detail.last_seq)
+    else:
         # A client following a live task asks only for what it has not seen yet.
         events = selectors.trace(task_id, after=after)
         last_seq = events[-1].seq if events else after
-    task = detail.task
-    return JsonResponse({
-        "task": {
-            **task_json(task),
-            "input": task.input,
-            "created_by": _username(task.created_by),
-            "stop_requested_by": _username(task.stop_requested_by),
-            "stop_note": task.stop_note,
-        },
-        "gauges": [
-            {"name": g.name, "used": g.used, "limit": g.limit, "percent": g.percent,
-             "level": g.level}
-            for g in detail.gauges
-        ],
-        "operations": [operation_json(op) for op in detail.operations],
-        "phases": [_phase_json(phase) for phase in detail.phases],
-        "stop_report": _report_json(detail.reports[0]) if detail.reports else None,
-        "events": [_event_json(event) for event in events],
-        "last_seq": last_seq,
-        # Older events exist before this window (page back with ?before=<first seq>).
-        "earlier": bool(events) and events[0].seq > 1,
-        # The window is full: there may be newer events (ask again with ?after=last_seq).
-        "more": after is not None and len(events) == selectors.TRACE_WINDOW,
-    })
+        view = s.TaskView(detail, events, last_seq, more=len(events) == selectors.TRACE_WINDOW)
+    return _answer(s.TASK_VIEW, view)
 
 
 def _task_stop(call: ApiCall, task_id: int) -> HttpResponse:
-    _fields(call.body, "reason")
-    task = services.task_stop(task_id=task_id, actor=call.user, reason=_text(call.body, "reason"))
+    fields = s.STOP_TASK.read(call.body)
+    task = services.task_stop(task_id=task_id, actor=call.user, reason=fields["reason"])
     # 202: a running task only has the stop recorded; its driver ends it before its next
     # step, so the client should watch the task until it is terminal.
-    return JsonResponse({"task": task_json(task)}, status=200 if task.is_terminal else 202)
+    return _answer(s.TASK_ANSWER, task, status=200 if task.is_terminal else 202)
 
 
 def _task_resume(call: ApiCall, task_id: int) -> HttpResponse:
-    _fields(call.body, "reason", "grant")
+    fields = s.RESUME_TASK.read(call.body)
     task = services.task_approve_resumption(
-        task_id=task_id,
-        actor=call.user,
-        reason=_text(call.body, "reason"),
-        grant=_object(call.body, "grant"),
+        task_id=task_id, actor=call.user, reason=fields["reason"], grant=fields["grant"]
     )
-    return JsonResponse({"task": task_json(task)})
+    return _answer(s.TASK_ANSWER, task)
 
 
 def _operation_list(call: ApiCall) -> HttpResponse:
-    return JsonResponse(
-        {"operations": [operation_json(op) for op in selectors.reconciliation_queue()]}
-    )
+    return _answer(s.OPERATION_LIST, selectors.reconciliation_queue())
 
 
 def _operation_resolve(call: ApiCall, key: str) -> HttpResponse:
-    _fields(call.body, "committed", "evidence", "result")
-    committed = call.body.get("committed")
-    if not isinstance(committed, bool):
-        raise ApiError(400, "committed must be true (it happened) or false (it did not)")
-    evidence = _text(call.body, "evidence")
-    if committed:
+    fields = s.RESOLVE_OPERATION.read(call.body)
+    if fields["committed"]:
         op = services.operation_mark_committed(
-            key=key, actor=call.user, evidence=evidence, result=call.body.get("result")
+            key=key, actor=call.user, evidence=fields["evidence"], result=fields["result"]
         )
     else:
-        if call.body.get("result") is not None:
-            raise ApiError(400, "a result only goes with committed: true")
-        op = services.operation_mark_not_committed(key=key, actor=call.user, evidence=evidence)
-    return JsonResponse({"operation": operation_json(op)})
+        if fields["result"] is not None:
+            raise ApiError(ErrorCode.INVALID_INPUT, "a result only goes with committed: true")
+        op = services.operation_mark_not_committed(
+            key=key, actor=call.user, evidence=fields["evidence"]
+        )
+    return _answer(s.OPERATION_ANSWER, op)
+
+
+def _openapi_document(call: ApiCall) -> HttpResponse:
+    return JsonResponse(openapi.document())
 
 
 tasks = endpoint(
@@ -521,6 +345,7 @@ task_stop = endpoint(post=Action(Capability.STOP, _task_stop))
 task_resume = endpoint(post=Action(Capability.APPROVE, _task_resume))
 operations = endpoint(get=Action(Capability.READ, _operation_list))
 operation_resolve = endpoint(post=Action(Capability.RECONCILE, _operation_resolve))
+openapi_document = endpoint(get=Action(Capability.READ, _openapi_document), session_may_read=True)
 
 
 @login_not_required
@@ -528,4 +353,6 @@ operation_resolve = endpoint(post=Action(Capability.RECONCILE, _operation_resolv
 @never_cache
 def not_found(request: HttpRequest, **kwargs: Any) -> HttpResponse:
     """Any other path under the API: a JSON 404, not the console's HTML page."""
-    return ApiError(404, f"there is no API endpoint at {request.path}").response()
+    return ApiError(
+        ErrorCode.UNKNOWN_ENDPOINT, f"there is no API endpoint at {request.path}"
+    ).response()

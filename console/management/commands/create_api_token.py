@@ -6,11 +6,10 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import IntegrityError, transaction
 
-from console.api_views import api_token_issue
 from console.roles import roles_of
-from console.services import InvalidInput
+from console.services import ServiceError
+from console.tokens import api_token_issue
 
 
 class Command(BaseCommand):
@@ -33,14 +32,9 @@ class Command(BaseCommand):
         if not user.is_active:
             raise CommandError(f"{username} is deactivated: a token for them would not work")
         try:
-            with transaction.atomic():
-                token, secret = api_token_issue(user=user, name=options["name"])
-        except InvalidInput as exc:
-            raise CommandError(str(exc)) from exc
-        except IntegrityError:
-            raise CommandError(
-                f"{username} already has a live token named {options['name'].strip()!r}"
-            ) from None
+            token, secret = api_token_issue(user=user, name=options["name"])
+        except ServiceError as exc:
+            raise CommandError(str(exc)) from None
         roles = ", ".join(sorted(roles_of(user))) or "none: every request will be refused"
         # The secret is alone on the last line, so a script can take it with `tail -n 1`.
         self.stdout.write(

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils import timezone
 
-from console.models import ApiToken
+from console.services import NotFound
+from console.tokens import api_token_revoke
 
 
 class Command(BaseCommand):
@@ -22,18 +22,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         username, name = options["username"].strip(), options["name"].strip()
-        live = ApiToken.objects.filter(
-            user__username=username, name=name, revoked_at__isnull=True
-        )
-        revoked = live.update(revoked_at=timezone.now())
-        if revoked == 0:
-            names = sorted(
-                ApiToken.objects.filter(
-                    user__username=username, revoked_at__isnull=True
-                ).values_list("name", flat=True)
-            )
-            having = ", ".join(repr(n) for n in names) if names else "none"
-            raise CommandError(
-                f"{username} has no live token named {name!r} (live tokens: {having})"
-            )
+        try:
+            api_token_revoke(username=username, name=name)
+        except NotFound as exc:
+            raise CommandError(str(exc)) from None
         self.stdout.write(f"revoked API token {name!r} of {username}")

@@ -1,0 +1,499 @@
+"""What the JSON API shows of each resource, declared once.
+
+Each :class:`Shape` lists its fields; a field names its JSON Schema and how to read its
+value. The same declaration turns a task into JSON (:meth:`Shape.dump`) and describes that
+JSON in the OpenAPI document (:meth:`Shape.schema`, used by :mod:`console.openapi`), so the
+answer and its description cannot drift apart. A request body is declared the same way
+(a :class:`Body`): its fields are read and checked by the declaration that
+describes them. Errors have one shape too (:data:`ERROR`), with a machine-readable code
+(:class:`ErrorCode`) that fixes its HTTP status.
+
+A new resource is one ``Shape`` here; a new endpoint then needs a view in
+:mod:`console.api_views` and an entry in :mod:`console.openapi`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from operator import attrgetter
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.urls import reverse
+
+from . import selectors
+from .models import (
+    STOP_REASONS,
+    Decision,
+    EventKind,
+    OperationState,
+    TaskState,
+    TraceEvent,
+)
+from .selectors import TaskDetail
+from .services import InvalidInput
+
+Schema = dict[str, Any]
+"""A JSON Schema (2020-12, the dialect of OpenAPI 3.1)."""
+
+# -- the declarations --------------------------------------------------------------------------
+
+
+def nullable(schema: Schema) -> Schema:
+    """``schema`` or ``null``."""
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return {**schema, "type": [kind, "null"]}
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def one_of(values: Iterable[str]) -> Schema:
+    """A string that is one of ``values``."""
+    return {"type": "string", "enum": list(dict.fromkeys(values))}
+
+
+STRING: Schema = {"type": "string"}
+INTEGER: Schema = {"type": "integer"}
+COUNT: Schema = {"type": "integer", "minimum": 0}
+BOOLEAN: Schema = {"type": "boolean"}
+TIME: Schema = {"type": "string", "format": "date-time"}
+OBJECT: Schema = {"type": "object"}
+USERNAME: Schema = nullable(STRING)
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One member of a JSON object: its name, schema and meaning, and how to read its value.
+
+    In an answer (:class:`Shape`), ``value`` reads it from the resource; a field that is not
+    ``required`` is left out when its value is None. In a request (:class:`Body`), ``value``
+    turns the raw JSON value (None when absent) into what the view uses, or raises
+    InvalidInput with a message the client can act on.
+    """
+
+    name: str
+    schema: Schema
+    description: str
+    value: Callable[[Any], Any]
+    required: bool = True
+    # The shapes that ``schema`` refers to, so that the document can describe them too.
+    shapes: tuple[Shape, ...] = ()
+
+
+def attr(name: str, schema: Schema, description: str, *, path: str = "") -> Field:
+    """A field read from the attribute ``path`` (by default ``name``) of the value."""
+    return Field(name, schema, description, attrgetter(path or name))
+
+
+def user_attr(name: str, description: str) -> Field:
+    """A field showing the username of the user in attribute ``name`` (or null)."""
+
+    def username(value: Any) -> str | None:
+        user: User | None = getattr(value, name)
+        return None if user is None else user.get_username()
+
+    return Field(name, USERNAME, description, username)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A JSON object the API answers with: its name in the document and its fields."""
+
+    name: str
+    description: str
+    fields: tuple[Field, ...]
+
+    def dump(self, value: Any) -> dict[str, Any]:
+        """``value`` as this shape's JSON object (datetimes are left to the JSON encoder)."""
+        out: dict[str, Any] = {}
+        for member in self.fields:
+            item = member.value(value)
+            if item is None and not member.required:
+                continue
+            out[member.name] = item
+        return out
+
+    def schema(self) -> Schema:
+        """The JSON Schema of what :meth:`dump` returns: no other field, none missing."""
+        return _closed_object(self.description, self.fields)
+
+    def ref(self) -> Schema:
+        """A reference to this shape among the document's component schemas."""
+        return {"$ref": f"#/components/schemas/{self.name}"}
+
+    def extended(self, name: str, description: str, *fields: Field) -> Shape:
+        """This shape with more fields, under another name."""
+        return Shape(name, description, self.fields + fields)
+
+    def field(
+        self, name: str, description: str, get: Callable[[Any], Any], *,
+        many: bool = False, or_null: bool = False,
+    ) -> Field:
+        """A field of another shape holding this one (a list of them with ``many``, or
+        null with ``or_null``), read by ``get``."""
+        if many:
+            return Field(
+                name, {"type": "array", "items": self.ref()}, description,
+                lambda value: [self.dump(item) for item in get(value)], shapes=(self,),
+            )
+
+        def one(value: Any) -> dict[str, Any] | None:
+            item = get(value)
+            return None if item is None else self.dump(item)
+
+        schema = nullable(self.ref()) if or_null else self.ref()
+        return Field(name, schema, description, one, shapes=(self,))
+
+
+def shapes_below(roots: Iterable[Shape]) -> dict[str, Shape]:
+    """``roots`` and every shape their fields refer to, by name."""
+    found: dict[str, Shape] = {}
+    todo = list(roots)
+    while todo:
+        shape = todo.pop()
+        if shape.name in found:
+            continue
+        found[shape.name] = shape
+        todo.extend(s for m in shape.fields for s in m.shapes)
+    return found
+
+
+def text_input(name: str, description: str, *, required: bool = False) -> Field:
+    """A string; absent or null reads as ``""`` (the service says if it may be empty)."""
+
+    def read(value: Any) -> str:
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise InvalidInput(f"{name} must be a string")
+        return value
+
+    return Field(name, nullable(STRING), description, read, required)
+
+
+def object_input(name: str, description: str) -> Field:
+    """A JSON object; absent or null reads as None."""
+
+    def read(value: Any) -> dict[str, Any] | None:
+        if value is not None and not isinstance(value, dict):
+            raise InvalidInput(f"{name} must be a JSON object")
+        return value
+
+    return Field(name, nullable(OBJECT), description, read, required=False)
+
+
+def flag_input(name: str, description: str, *, means: tuple[str, str]) -> Field:
+    """``true`` or ``false``, required: ``means`` says what each one says."""
+
+    def read(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise InvalidInput(f"{name} must be true ({means[0]}) or false ({means[1]})")
+        return value
+
+    return Field(name, BOOLEAN, description, read)
+
+
+def any_input(name: str, description: str) -> Field:
+    """Any JSON value, taken as it is."""
+    return Field(name, {}, description, lambda value: value, required=False)
+
+
+@dataclass(frozen=True)
+class Body:
+    """A request body: a JSON object of these fields and no others."""
+
+    name: str
+    description: str
+    fields: tuple[Field, ...]
+
+    def read(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Each declared field's value, read and checked; an unknown field is refused, so
+        that a typo (``"reasn"``) does not pass silently."""
+        known = [f.name for f in self.fields]
+        unknown = sorted(set(body) - set(known))
+        if unknown:
+            raise InvalidInput(
+                f"unknown field(s): {', '.join(unknown)}; expected: {', '.join(known)}"
+            )
+        return {f.name: f.value(body.get(f.name)) for f in self.fields}
+
+    def schema(self) -> Schema:
+        """The JSON Schema of the bodies :meth:`read` accepts the fields of."""
+        return _closed_object(self.description, self.fields)
+
+
+def _closed_object(description: str, members: Sequence[Field]) -> Schema:
+    """An object of these members and no others."""
+    return {
+        "type": "object",
+        "description": description,
+        "properties": {m.name: {**m.schema, "description": m.description} for m in members},
+        "required": [m.name for m in members if m.required],
+        "additionalProperties": False,
+    }
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+class ErrorCode(StrEnum):
+    """What went wrong, for a program: every error answer carries one, and each code has
+    one HTTP status (:attr:`status`)."""
+
+    INVALID_BODY = "invalid_body"
+    INVALID_INPUT = "invalid_input"
+    INVALID_QUERY = "invalid_query"
+    TOKEN_REQUIRED = "token_required"  # noqa: S105 (a code, not a secret)
+    INVALID_REQUEST = "invalid_request"
+    INVALID_TOKEN = "invalid_token"  # noqa: S105 (RFC 6750's code)
+    PERMISSION_DENIED = "permission_denied"
+    NOT_FOUND = "not_found"
+    UNKNOWN_ENDPOINT = "unknown_endpoint"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    STALE_STATE = "stale_state"
+    REFUSED = "refused"
+    BODY_TOO_LARGE = "body_too_large"
+    INTERNAL_ERROR = "internal_error"
+
+    @property
+    def status(self) -> int:
+        """The HTTP status every answer with this code has."""
+        return _ERRORS[self][0]
+
+    @property
+    def meaning(self) -> str:
+        """What the code means, for the document."""
+        return _ERRORS[self][1]
+
+
+_ERRORS: dict[ErrorCode, tuple[int, str]] = {
+    ErrorCode.INVALID_BODY: (
+        400, "the body is not a JSON object (or Content-Length is not a number)",
+    ),
+    ErrorCode.INVALID_INPUT: (
+        400, "a field is unknown, missing, of the wrong type, or refused by the console",
+    ),
+    ErrorCode.INVALID_QUERY: (
+        400, "a query parameter is malformed (`fields` names each bad filter)",
+    ),
+    ErrorCode.TOKEN_REQUIRED: (401, "no credentials were sent"),
+    ErrorCode.INVALID_REQUEST: (401, "the Authorization header is not `Bearer <token>`"),
+    ErrorCode.INVALID_TOKEN: (401, "the token is unknown or revoked, or its user is deactivated"),
+    ErrorCode.PERMISSION_DENIED: (403, "the token's user lacks the role this needs"),
+    ErrorCode.NOT_FOUND: (404, "there is no such task or operation"),
+    ErrorCode.UNKNOWN_ENDPOINT: (404, "no endpoint has this path"),
+    ErrorCode.METHOD_NOT_ALLOWED: (405, "the endpoint does not answer this method (see `Allow`)"),
+    ErrorCode.STALE_STATE: (
+        409, "the task or operation is no longer in the state the action was meant for "
+        "(someone acted first)",
+    ),
+    ErrorCode.REFUSED: (409, "the action is not allowed now; the message says why"),
+    ErrorCode.BODY_TOO_LARGE: (413, "the body is larger than 1 MiB"),
+    ErrorCode.INTERNAL_ERROR: (500, "the console failed; the details are in its log"),
+}
+
+ERROR = Shape("Error", "Every failure: a message for people and a code for programs.", (
+    attr("error", STRING, "what went wrong, for the person who asked", path="message"),
+    attr("code", one_of(ErrorCode), "what went wrong, for a program"),
+    Field(
+        "fields", {"type": "object", "additionalProperties": STRING},
+        "with `invalid_query`: what is wrong with each filter, by name", attrgetter("fields"),
+        required=False,
+    ),
+))
+
+
+# -- resources ---------------------------------------------------------------------------------
+
+TASK_STATE = one_of(TaskState.values)
+STOP_REASON = one_of(["", *STOP_REASONS])
+EITHER_STATE = one_of(["", *TaskState.values])
+
+COUNTERS = Shape("Counters", "What the task has spent so far, across all its phases.", tuple(
+    attr(name, COUNT, f"{name} spent") for name in selectors.BUDGETS
+))
+
+TASK = Shape("Task", "A task as the list and the actions show it.", (
+    attr("id", INTEGER, "the task's id"),
+    Field("url", STRING, "where the API shows it", lambda t: reverse("api:task", args=[t.id])),
+    attr("agent", STRING, "the agent that runs it"),
+    attr("state", TASK_STATE, "where it is: queued, running, or how it ended"),
+    attr("reason", STOP_REASON, "why it stopped (empty while it has not)"),
+    attr("detail", STRING, "more about the stop, for people"),
+    attr("phase", COUNT, "its current phase: 1, then one more per approved resumption"),
+    attr("created_at", TIME, "when it was started"),
+    attr("updated_at", TIME, "when it last changed"),
+    attr("finished_at", nullable(TIME), "when it last stopped"),
+    attr("stop_requested_at", nullable(TIME), "when someone asked it to stop"),
+    COUNTERS.field("counters", "what it spent, cumulative across phases", lambda t: t),
+    attr("revision", INTEGER, "the verified business progress its inspector reported"),
+    attr("limits", OBJECT, "its budgets (guard.Limits' fields), with every grant added"),
+))
+
+TASK_DETAIL = TASK.extended(
+    "TaskDetail", "A task with what only its own page shows.",
+    attr("input", OBJECT, "what it was started with, redacted"),
+    user_attr("created_by", "who started it (null: from the shell)"),
+    user_attr("stop_requested_by", "who asked it to stop"),
+    attr("stop_note", STRING, "the reason they gave"),
+)
+
+GAUGE = Shape("Gauge", "One budget: spent / limit across all phases.", (
+    attr("name", one_of(selectors.BUDGETS), "the budget"),
+    attr("used", COUNT, "spent so far"),
+    attr("limit", nullable(COUNT), "the limit (null: unbounded)"),
+    attr("percent", COUNT, "used as a percentage of limit, at most 100"),
+    attr("level", one_of(["ok", "warn", "out"]), "ok below 80 %, warn from 80 %, out at 100 %"),
+))
+
+OPERATION = Shape("Operation", "A ledger operation, without its stored result.", (
+    attr("key", STRING, "the operation key naming the business action"),
+    Field(
+        "resolve_url", STRING, "where to settle it",
+        lambda op: reverse("api:operation-resolve", kwargs={"key": op.key}),
+    ),
+    attr("task", INTEGER, "the task that claimed it last", path="task_id"),
+    attr("state", one_of(OperationState.values), "whether it happened, as far as is known"),
+    attr("tool", STRING, "the write tool"),
+    attr("args_preview", STRING, "its arguments, redacted and shortened"),
+    attr("attempts", COUNT, "how many times it was claimed"),
+    attr("evidence", STRING, "what settled it, as the reconciler wrote it"),
+    attr("claimed_at", TIME, "when it was first claimed"),
+    attr("updated_at", TIME, "when its state last changed"),
+))
+
+PHASE = Shape("Phase", "One stretch of execution: the first start, then each resumption.", (
+    attr("number", COUNT, "1 for the first start"),
+    attr("state", EITHER_STATE, "how it ended (empty while it has not)"),
+    attr("reason", STOP_REASON, "why it ended (empty while it has not)"),
+    attr("started_at", nullable(TIME), "when a worker first drove it"),
+    attr("ended_at", nullable(TIME), "when it stopped"),
+    user_attr("approved_by", "who approved it (null for the first phase)"),
+    attr("approval_note", STRING, "the reason they gave"),
+    attr("grant", OBJECT, "the budget added for it, by limit"),
+    attr("usage_at_start", OBJECT, "what the task had spent when it began"),
+))
+
+STOP_REPORT = Shape("StopReport", "The guard's report at the end of a phase.", (
+    attr("phase", COUNT, "the phase it ended"),
+    attr("at", TIME, "when"),
+    attr("state", TASK_STATE, "the terminal state"),
+    attr("reason", STOP_REASON, "why"),
+    attr("report", OBJECT, "the full stop report: done, why, uncertain operations, budget left"),
+))
+
+TRACE_EVENT = Shape("TraceEvent", "One model call, tool request, wait or stop, redacted.", (
+    attr("seq", COUNT, "its place in the task's trace, from 1"),
+    attr("phase", COUNT, "the phase it belongs to"),
+    attr("at", TIME, "when"),
+    attr("kind", one_of(EventKind.values), "what happened"),
+    attr("decision", one_of(["", *Decision.values]), "what the guard decided"),
+    attr("reason", STRING, "the guard's reason, when it blocked or stopped"),
+    attr("tool", STRING, "the tool requested"),
+    attr("fingerprint", STRING, "hash of the tool and its canonical arguments"),
+    attr("args_preview", STRING, "its arguments, redacted and shortened"),
+    attr("result_kind", STRING, "SUCCESS, RETRYABLE, PENDING, PRECONDITION or FATAL"),
+    attr("result_preview", STRING, "its result, redacted and shortened"),
+    attr("revision", nullable(INTEGER), "the revision inspect reported after it"),
+    attr("operation_key", STRING, "the operation key of a write"),
+    attr("latency_ms", nullable(COUNT), "how long it took"),
+    attr("tokens", nullable(COUNT), "model tokens it used"),
+    attr("detail", STRING, "more, for people"),
+))
+
+PAGE = Shape("Page", "Where a page of a list stands.", (
+    attr("number", COUNT, "this page, from 1"),
+    attr("pages", COUNT, "how many pages there are", path="paginator.num_pages"),
+    attr("per_page", COUNT, "tasks per page", path="paginator.per_page"),
+    attr("count", COUNT, "tasks matching, on all pages", path="paginator.count"),
+    Field("next", nullable(COUNT), "the next page's number", lambda page: (
+        page.next_page_number() if page.has_next() else None
+    )),
+    Field("previous", nullable(COUNT), "the previous page's number", lambda page: (
+        page.previous_page_number() if page.has_previous() else None
+    )),
+))
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """What ``GET /api/tasks/<id>`` shows: a task's detail and one window of its trace."""
+
+    detail: TaskDetail
+    events: Sequence[TraceEvent]
+    last_seq: int
+    # The window is full and follows ``after``: there may be newer events.
+    more: bool = False
+
+
+TASK_PAGE = Shape("TaskPage", "One page of the task list, newest first.", (
+    TASK.field("tasks", "the tasks on this page", list, many=True),
+    PAGE.field("page", "where this page stands", lambda page: page),
+))
+
+TASK_ANSWER = Shape("TaskAnswer", "A task, as an action left it.", (
+    TASK.field("task", "the task", lambda task: task),
+))
+
+TASK_VIEW = Shape("TaskView", "A task, its gauges, operations, phases, stop report and trace.", (
+    TASK_DETAIL.field("task", "the task", lambda v: v.detail.task),
+    GAUGE.field("gauges", "its budgets", lambda v: v.detail.gauges, many=True),
+    OPERATION.field(
+        "operations", "its ledger operations", lambda v: v.detail.operations, many=True
+    ),
+    PHASE.field("phases", "its phases, first first", lambda v: v.detail.phases, many=True),
+    STOP_REPORT.field(
+        "stop_report", "its latest stop report (null: it never stopped)",
+        lambda v: v.detail.reports[0] if v.detail.reports else None, or_null=True,
+    ),
+    TRACE_EVENT.field("events", "one window of its trace, in order", lambda v: v.events, many=True),
+    attr("last_seq", COUNT, "the last seq shown: ask again with ?after=last_seq for newer"),
+    Field(
+        "earlier", BOOLEAN, "older events exist: page back with ?before=<first seq>",
+        lambda v: bool(v.events) and v.events[0].seq > 1,
+    ),
+    attr("more", BOOLEAN, "the window after ?after= is full: there may be newer events"),
+))
+
+OPERATION_LIST = Shape("OperationList", "The reconciliation queue, oldest first.", (
+    OPERATION.field(
+        "operations", "writes whose commit state a person must settle", list, many=True
+    ),
+))
+
+OPERATION_ANSWER = Shape("OperationAnswer", "An operation, as an action left it.", (
+    OPERATION.field("operation", "the operation", lambda op: op),
+))
+
+
+# -- request bodies ----------------------------------------------------------------------------
+
+START_TASK = Body("StartTask", "A task to start.", (
+    text_input("agent", "the agent to run (one the console offers)", required=True),
+    object_input("input", "the agent's input, checked by the agent"),
+    object_input("limits", "budgets to use instead of the defaults (guard.Limits' fields)"),
+    text_input("reason", "why; the audit entry names the token when this is empty"),
+))
+
+STOP_TASK = Body("StopTask", "Why the task must stop.", (
+    text_input("reason", "why, for the audit log (required)", required=True),
+))
+
+RESUME_TASK = Body("ResumeTask", "An approval of a new phase.", (
+    text_input("reason", "why, for the audit log (required)", required=True),
+    object_input(
+        "grant", "budget to add, by limit, e.g. {\"model_calls\": 5}; required when a "
+        "budget ran out",
+    ),
+))
+
+RESOLVE_OPERATION = Body("ResolveOperation", "What the business system shows.", (
+    flag_input(
+        "committed", "true: it happened; false: it did not",
+        means=("it happened", "it did not"),
+    ),
+    text_input("evidence", "what was checked, for the audit log (required)", required=True),
+    any_input("result", "with committed: true, the result the tool would have returned"),
+))

@@ -1,0 +1,181 @@
+"""The OpenAPI 3.1 description at /api/openapi.json: valid, complete, routed, guarded.
+
+That every answer the API tests receive matches it is checked by their client
+(:class:`tests.console.api.helpers.ApiClient`), not here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import cast
+
+import pytest
+from django.test import Client
+from django.urls import URLPattern, resolve
+from openapi_spec_validator import OpenAPIV31SpecValidator, validate
+
+from console import api, openapi
+from console.roles import Role
+from console.serializers import ErrorCode
+
+from .helpers import JSON, ApiClient, Caller, conform, document, error
+
+pytestmark = pytest.mark.django_db
+
+METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
+# A value each path parameter's converter accepts, to route the document's paths.
+EXAMPLES = {"task_id": "17", "key": "order/42/refund"}
+
+
+def _routes() -> dict[str, URLPattern]:
+    """The API's named URL patterns, by OpenAPI path template."""
+    return {
+        "/api/" + openapi.path_template(str(p.pattern)): p
+        for p in api.urlpatterns
+        if isinstance(p, URLPattern) and p.name is not None
+    }
+
+
+def test_the_served_document_is_valid_openapi_3_1(caller: Callable[..., Caller]) -> None:
+    viewer = caller(Role.VIEWER)
+
+    response = viewer.get("/api/openapi.json")
+
+    assert response.status_code == 200
+    served = response.json()
+    assert served["openapi"] == "3.1.0"
+    validate(served, cls=OpenAPIV31SpecValidator)
+    assert served == document()
+
+
+def test_every_route_of_the_api_is_in_the_document_with_the_methods_it_answers() -> None:
+    paths = document()["paths"]
+    unnamed = [p for p in api.urlpatterns if p.name is None]
+
+    for template, pattern in _routes().items():
+        assert template in paths, f"{template} is routed but not described"
+        view = cast(openapi.Endpoint, pattern.callback)
+        answered = {method.lower() for method in view.permissions}
+        assert set(paths[template]) & METHODS == answered, template
+    # The one pattern left out is the catch-all JSON 404, described as a shared answer.
+    assert [str(p.pattern) for p in unnamed] == [""]
+    assert "UnknownEndpoint" in document()["components"]["responses"]
+
+
+def test_every_path_of_the_document_is_routed_to_the_view_it_describes() -> None:
+    routes = _routes()
+
+    for template, item in document()["paths"].items():
+        concrete = template.format(**EXAMPLES)
+        match = resolve(concrete)
+        assert match.url_name is not None, f"{template} ({concrete}) reaches no endpoint"
+        assert match.func is routes[template].callback
+        names = {p["name"] for p in item.get("parameters", [])}
+        assert names == set(match.kwargs), template
+
+
+def test_a_routed_method_without_an_entry_or_an_entry_without_a_route_fails_the_document(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    build = openapi.document.__wrapped__  # past the per-process cache
+    entries = dict(openapi.ENTRIES)
+    missing = {k: v for k, v in entries.items() if k != ("task-stop", "POST")}
+    extra = {**entries, ("task-cancel", "POST"): entries[("task-stop", "POST")]}
+
+    monkeypatch.setattr(openapi, "ENTRIES", missing)
+    with pytest.raises(LookupError, match="POST 'task-stop' is routed but has no Entry"):
+        build()
+    monkeypatch.setattr(openapi, "ENTRIES", extra)
+    with pytest.raises(LookupError, match=r"described but not routed: .*task-cancel"):
+        build()
+
+
+def test_every_operation_says_what_it_answers_and_how_it_fails_with_a_code() -> None:
+    operations = [
+        (template, method, operation)
+        for template, item in document()["paths"].items()
+        for method, operation in item.items()
+        if method in METHODS
+    ]
+
+    assert len({op["operationId"] for _, _, op in operations}) == len(operations)
+    for template, method, operation in operations:
+        statuses = set(operation["responses"])
+        assert {"401", "403", "500"} <= statuses, (method, template)
+        assert any(s.startswith("2") for s in statuses), (method, template)
+        if method == "post":
+            assert {"400", "413"} <= statuses and "requestBody" in operation, template
+        for status, answer in operation["responses"].items():
+            if status.startswith(("4", "5")):
+                codes = answer["content"][JSON]["schema"]["allOf"][1]["properties"]["code"]
+                assert {ErrorCode(c).status for c in codes["enum"]} == {int(status)}
+
+
+def test_the_document_is_refused_without_authentication(db: None) -> None:
+    anonymous = ApiClient().get("/api/openapi.json")
+    forged = ApiClient(headers={"authorization": "Bearer lg_forged"}).get("/api/openapi.json")
+
+    assert "token is required" in error(anonymous, 401)
+    assert anonymous.json()["code"] == "token_required"
+    assert anonymous["WWW-Authenticate"] == 'Bearer realm="loopguard"'
+    assert forged.json()["code"] == "invalid_token"
+    assert "paths" not in anonymous.json()
+
+
+def test_a_signed_in_person_may_read_the_document_but_still_not_the_data(
+    caller: Callable[..., Caller],
+) -> None:
+    viewer = caller(Role.VIEWER)
+    browser = ApiClient(enforce_csrf_checks=True)
+    browser.force_login(viewer.user)
+
+    described = browser.get("/api/openapi.json")
+    data = browser.get("/api/tasks")
+
+    assert described.status_code == 200
+    assert described.json()["paths"]
+    error(data, 401)
+
+
+def test_a_person_without_any_role_may_not_read_the_document(
+    caller: Callable[..., Caller],
+) -> None:
+    nobody = caller()
+    browser = ApiClient()
+    browser.force_login(nobody.user)
+
+    assert "read permission" in error(nobody.get("/api/openapi.json"), 403)
+    assert "read permission" in error(browser.get("/api/openapi.json"), 403)
+
+
+def test_every_error_answer_names_its_code_beside_its_message(
+    caller: Callable[..., Caller],
+) -> None:
+    viewer = caller(Role.VIEWER)
+
+    answers = {
+        "token_required": ApiClient().get("/api/tasks"),
+        "invalid_request": ApiClient(headers={"authorization": "Basic eDp5"}).get("/api/tasks"),
+        "permission_denied": viewer.post("/api/tasks", {"agent": "test_reader"}),
+        "invalid_query": viewer.get("/api/tasks", page="two"),
+        "not_found": viewer.get("/api/tasks/987654"),
+        "unknown_endpoint": viewer.get("/api/nothing/here"),
+        "method_not_allowed": viewer.client.delete("/api/tasks"),
+    }
+
+    for code, response in answers.items():
+        body = response.json()
+        assert (body["code"], response.status_code) == (code, ErrorCode(code).status)
+        assert body["error"]
+
+
+def test_the_check_catches_an_answer_the_document_does_not_describe(admin: Caller) -> None:
+    answer = Client(headers={"authorization": f"Bearer {admin.secret}"}).get("/api/tasks")
+    conform("GET", answer)  # as the API gave it
+    shown = answer.json()
+    shown["tasks"] = [{"id": "seventeen"}]
+    answer.content = json.dumps(shown).encode()
+
+    with pytest.raises(AssertionError, match="does not match the document"):
+        conform("GET", answer)

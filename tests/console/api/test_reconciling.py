@@ -1,0 +1,95 @@
+"""The reconciliation queue and settling an uncertain write."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from console.ledger import DatabaseLedger
+from console.models import AuditEntry, Operation, OperationEvent, OperationState, Task, TaskState
+from console.roles import Role
+
+from .helpers import Caller, error, unknown_operation
+
+pytestmark = pytest.mark.django_db
+
+Start = Callable[..., Task]
+
+
+def test_the_operations_endpoint_lists_the_reconciliation_queue(
+    admin: Caller, start: Start
+) -> None:
+    task = start("test_notices", {"count": 1})
+    op = unknown_operation(task)
+
+    queue = admin.get("/api/operations").json()["operations"]
+
+    assert [(o["key"], o["state"], o["task"]) for o in queue] == [(op.key, "UNKNOWN", task.id)]
+
+
+def test_resolving_an_operation_settles_it_once_and_a_second_resolve_is_a_409(
+    caller: Callable[..., Caller], start: Start
+) -> None:
+    reconciler = caller(Role.RECONCILER)
+    op = unknown_operation(start("test_notices", {"count": 1}))
+    url = f"/api/operations/{op.key}/resolve"
+
+    first = reconciler.post(
+        url, {"committed": True, "evidence": "refund R-17 in the ledger", "result": {"id": 17}}
+    )
+    second = reconciler.post(url, {"committed": False, "evidence": "changed my mind"})
+
+    assert first.status_code == 200
+    shown = first.json()["operation"]
+    assert (shown["key"], shown["state"], shown["evidence"]) == (
+        "order/42/refund", "COMMITTED", "refund R-17 in the ledger"
+    )
+    assert "already COMMITTED" in error(second, 409)
+    op.refresh_from_db()
+    assert op.state == OperationState.COMMITTED
+    assert op.result["data"] == {"id": 17}
+    assert OperationEvent.objects.filter(operation=op, to_state="COMMITTED").count() == 1
+    entry = AuditEntry.objects.get(operation=op)
+    assert (entry.actor, entry.action) == (reconciler.user, "mark_committed")
+    assert reconciler.get("/api/operations").json()["operations"] == []
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"evidence": "x"}, "committed must be true"),
+        ({"committed": "yes", "evidence": "x"}, "committed must be true"),
+        ({"committed": False}, "evidence is required"),
+        ({"committed": False, "evidence": "x", "result": {"id": 1}}, "only goes with committed"),
+    ],
+)
+def test_a_malformed_resolve_is_a_400_and_the_operation_stays_unknown(
+    admin: Caller, start: Start, body: dict[str, Any], message: str
+) -> None:
+    op = unknown_operation(start("test_notices", {"count": 1}))
+
+    assert message in error(admin.post(f"/api/operations/{op.key}/resolve", body), 400)
+    op.refresh_from_db()
+    assert op.state == OperationState.UNKNOWN
+
+
+def test_an_operation_still_being_executed_is_a_409_with_the_reason(
+    admin: Caller, start: Start
+) -> None:
+    task = start("test_notices", {"count": 1})
+    Task.objects.filter(id=task.id).update(
+        state=TaskState.RUNNING, lease_owner="w:1",
+        lease_expires_at=timezone.now() + timedelta(minutes=1),
+    )
+    DatabaseLedger(task_id=task.id, owner="w:1").claim("order-1-refund", "b" * 64)
+
+    response = admin.post(
+        "/api/operations/order-1-refund/resolve", {"committed": False, "evidence": "?"}
+    )
+
+    assert "being executed right now" in error(response, 409)
+    assert Operation.objects.get(key="order-1-refund").state == OperationState.IN_FLIGHT
