@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from typing import Any
 
 from django import forms
 
+from guard import Limits
+from guard.steps import DIMENSIONS
+
 from .agents import agent_names
-from .services import GRANTABLE, LIMIT_FIELDS
 
 REASON_HELP = "Say why: it goes to the audit log with your name."
 
@@ -51,22 +54,25 @@ class ResolveForm(forms.Form):
 
 
 class ResumeForm(forms.Form):
+    """A reason, and how much more of each budget the new phase gets (``grant_<limit>``)."""
+
     reason = forms.CharField(
         max_length=4000, widget=forms.Textarea(attrs={"rows": 3}), help_text=REASON_HELP
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        for name in GRANTABLE:
-            self.fields[f"grant_{name}"] = forms.IntegerField(
-                required=False, min_value=0, label=f"grant {name.replace('_', ' ')}"
+        for d in DIMENSIONS:
+            self.fields[f"grant_{d.limit}"] = forms.IntegerField(
+                required=False, min_value=0, label=f"grant {d.label}"
             )
 
     def grant(self) -> dict[str, int]:
+        """The budgets granted, by limit name; an empty or zero field grants nothing."""
         return {
-            name: int(self.cleaned_data[f"grant_{name}"])
-            for name in GRANTABLE
-            if self.cleaned_data.get(f"grant_{name}")
+            d.limit: int(amount)
+            for d in DIMENSIONS
+            if (amount := self.cleaned_data.get(f"grant_{d.limit}"))
         }
 
 
@@ -81,7 +87,7 @@ class StartForm(forms.Form):
         required=False,
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
         help_text="Budgets to override, a JSON object, e.g. {\"model_calls\": 10}. "
-        "Known: " + ", ".join(LIMIT_FIELDS),
+        "Known: " + ", ".join(f.name for f in fields(Limits)),
     )
     reason = forms.CharField(
         max_length=4000,

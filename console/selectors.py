@@ -6,16 +6,23 @@ in the database, related rows are joined or fetched in one extra query.
 
 from __future__ import annotations
 
+import json
+import logging
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from django.conf import settings
 from django.core.paginator import Page, Paginator
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Model, Q, QuerySet
 from django.utils import timezone
 
+from guard import Reason
+from guard.steps import DIMENSIONS, RESUME_CONDITIONS
+
+from .agents import UnknownAgent, agent_class
 from .models import (
     AuditEntry,
     Operation,
@@ -27,13 +34,20 @@ from .models import (
     TraceEvent,
 )
 
+logger = logging.getLogger(__name__)
+
 TASKS_PER_PAGE = 50
 AUDIT_PER_PAGE = 100
 TRACE_WINDOW = 100  # events shown at once on a task page; older ones are a link away
 QUEUE_LIMIT = 50  # uncertain operations shown at once, oldest first
 RECENT = timedelta(hours=24)  # the dashboard counts finished tasks over this window
-BUDGETS = ("model_calls", "requests", "executions", "tokens", "elapsed_ms")
-_LIMIT_OF = {"elapsed_ms": "deadline_ms"}
+# The poll budget bounds each PENDING job, not the task: a task-wide "polls spent / limit"
+# would compare a sum with a per-job bound, so it has no gauge.
+GAUGED = tuple(d for d in DIMENSIONS if d.reason is not Reason.POLL_BUDGET)
+BUDGETS = tuple(d.used for d in GAUGED)
+"""The task counters a person sees (page gauges, the API's ``counters``), in order."""
+BUDGET_OF_REASON = {d.reason.value: d.limit for d in DIMENSIONS}
+"""The limit a task ran out of, by its stop reason (the one a resumption must grant)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +57,8 @@ class Gauge:
     name: str
     used: int
     limit: int | None
+    label: str = ""
+    """The dimension's name for people (``model calls``, ``time (ms)``)."""
 
     @property
     def percent(self) -> int:
@@ -61,9 +77,10 @@ def gauges(task: Task) -> list[Gauge]:
     """The task's budget gauges, cumulative across phases."""
     limits = task.limits or {}
     out = []
-    for name in BUDGETS:
-        limit = limits.get(_LIMIT_OF.get(name, name))
-        out.append(Gauge(name, int(getattr(task, name)), None if limit is None else int(limit)))
+    for d in GAUGED:
+        limit = limits.get(d.limit)
+        used = int(getattr(task, d.used))
+        out.append(Gauge(d.used, used, None if limit is None else int(limit), d.label))
     return out
 
 
@@ -78,6 +95,8 @@ class Dashboard:
     uncertain: list[Operation]
     running: list[Task]
     recently_stopped: list[Task]
+    budgets: tuple[str, ...] = tuple(d.label for d in GAUGED)
+    """The running tasks' gauges, by their names for people (see :func:`gauges`)."""
 
 
 def dashboard(*, limit: int = 15) -> Dashboard:
@@ -122,49 +141,81 @@ def dashboard(*, limit: int = 15) -> Dashboard:
 
 
 @dataclass(frozen=True)
-class TaskFilters:
-    """The task list's filters, as they appear in the URL."""
+class _Filters:
+    """A list's filters as they appear in its URL: bad values are dropped and reported in
+    ``errors``, never raised; ``LOOKUPS`` names the query each filter narrows by."""
 
-    state: str = ""
-    reason: str = ""
-    agent: str = ""
+    LOOKUPS: ClassVar[Mapping[str, str]]
     since: datetime | None = None
     until: datetime | None = None
-    q: str = ""
     errors: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_query(cls, query: Any) -> TaskFilters:
-        """Read filters from a QueryDict; bad values are dropped and reported, not raised."""
+    def from_query(cls, query: Any) -> Self:
+        """Read filters from a QueryDict."""
         errors: dict[str, str] = {}
-        query = _without_nul(query, errors)
+        clean = _without_nul(query, errors)
+        own = cls._read(clean, errors)
+        since = _parse_time(clean.get("since", ""), "since", errors)
+        until = _parse_time(clean.get("until", ""), "until", errors)
+        return cls(since=since, until=until, errors=errors, **own)
+
+    @classmethod
+    def _read(cls, query: Mapping[str, str], errors: dict[str, str]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def as_query(self) -> dict[str, str]:
+        """The non-empty filters, for links that keep them."""
+        out = {}
+        for name in self.LOOKUPS:
+            value = getattr(self, name)
+            if isinstance(value, datetime):
+                value = value.isoformat(timespec="minutes")
+            if value:
+                out[name] = str(value)
+        return out
+
+    def apply[M: Model](self, qs: QuerySet[M]) -> QuerySet[M]:
+        """``qs`` narrowed by every filter that is set."""
+        for name, lookup in self.LOOKUPS.items():
+            value = getattr(self, name)
+            if value:
+                qs = qs.filter(**{lookup: value})
+        return qs
+
+
+@dataclass(frozen=True)
+class TaskFilters(_Filters):
+    """The task list's filters."""
+
+    LOOKUPS: ClassVar[Mapping[str, str]] = {
+        "state": "state",
+        "reason": "reason",
+        "agent": "agent",
+        "since": "created_at__gte",
+        "until": "created_at__lt",
+    }
+    state: str = ""
+    reason: str = ""
+    agent: str = ""
+    q: str = ""
+    """A task id, or the key of one of its operations."""
+
+    @classmethod
+    def _read(cls, query: Mapping[str, str], errors: dict[str, str]) -> dict[str, Any]:
         state = query.get("state", "").strip()
         if state and state not in TaskState.values:
             errors["state"] = f"unknown state {state!r}"
             state = ""
-        since = _parse_time(query.get("since", ""), "since", errors)
-        until = _parse_time(query.get("until", ""), "until", errors)
-        return cls(
-            state=state,
-            reason=query.get("reason", "").strip()[:40],
-            agent=query.get("agent", "").strip()[:100],
-            since=since,
-            until=until,
-            q=query.get("q", "").strip()[:200],
-            errors=errors,
-        )
+        return {
+            "state": state,
+            "reason": query.get("reason", "").strip()[:40],
+            "agent": query.get("agent", "").strip()[:100],
+            "q": query.get("q", "").strip()[:200],
+        }
 
     def as_query(self) -> dict[str, str]:
-        """The non-empty filters, for links that keep them."""
-        out = {
-            "state": self.state,
-            "reason": self.reason,
-            "agent": self.agent,
-            "since": self.since.isoformat(timespec="minutes") if self.since else "",
-            "until": self.until.isoformat(timespec="minutes") if self.until else "",
-            "q": self.q,
-        }
-        return {k: v for k, v in out.items() if v}
+        return {**super().as_query(), **({"q": self.q} if self.q else {})}
 
 
 def _without_nul(query: Any, errors: dict[str, str]) -> dict[str, str]:
@@ -195,17 +246,7 @@ def _parse_time(raw: str, name: str, errors: dict[str, str]) -> datetime | None:
 
 def tasks(filters: TaskFilters) -> QuerySet[Task]:
     """Tasks matching ``filters``, newest first."""
-    qs = Task.objects.all()
-    if filters.state:
-        qs = qs.filter(state=filters.state)
-    if filters.reason:
-        qs = qs.filter(reason=filters.reason)
-    if filters.agent:
-        qs = qs.filter(agent=filters.agent)
-    if filters.since:
-        qs = qs.filter(created_at__gte=filters.since)
-    if filters.until:
-        qs = qs.filter(created_at__lt=filters.until)
+    qs = filters.apply(Task.objects.all())
     if filters.q:
         # A task id, or the key of one of its operations (keys are unique: no duplicates).
         term = filters.q.removeprefix("#")
@@ -300,7 +341,78 @@ def latest_report(task_id: int) -> StopReport | None:
     return StopReport.objects.filter(task_id=task_id).order_by("-phase", "-id").first()
 
 
+@dataclass
+class Resumption:
+    """What an approver weighs before opening a stopped task's new phase."""
+
+    detail: TaskDetail
+    budget: str
+    """The limit the task ran out of, which the grant must raise (``""``: none ran out)."""
+    uncertain: list[Operation]
+    """Its writes that may or may not have happened: while there are any, it cannot resume."""
+    condition: str
+    """What must hold for it to resume."""
+
+
+def resumption(task_id: int) -> Resumption | None:
+    """The resume page of a task, or ``None`` if there is no such task."""
+    detail = task_detail(task_id)
+    if detail is None:
+        return None
+    task = detail.task
+    uncertain = [op for op in detail.operations if op.state in UNCERTAIN]
+    # The stop report's condition was written when the task stopped; whether a write is
+    # still uncertain is decided now.
+    condition = detail.reports[0].report.get("resume_condition", "") if detail.reports else ""
+    if not uncertain and task.reason in _GUARD_REASONS:
+        condition = RESUME_CONDITIONS[Reason(task.reason)]
+    return Resumption(detail, BUDGET_OF_REASON.get(task.reason, ""), uncertain, condition)
+
+
+_GUARD_REASONS = frozenset(reason.value for reason in Reason)
+
+
+# -- starting ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AgentCard:
+    """A registered agent as the start page presents it."""
+
+    name: str
+    title: str
+    description: str
+    example: str
+    """Its example input, as the JSON text a person may paste."""
+
+
+def startable_agents() -> list[AgentCard]:
+    """Every registered agent that loads, in settings order (one that does not is logged)."""
+    cards = []
+    for name in settings.LOOPGUARD_AGENTS:
+        try:
+            cls = agent_class(name)
+        except (UnknownAgent, ImportError, TypeError):
+            logger.exception("agent %s cannot be loaded", name)
+            continue
+        example = json.dumps(dict(cls.example_input))
+        cards.append(AgentCard(name, cls.title, cls.description, example))
+    return cards
+
+
+def example_input(name: str) -> str | None:
+    """The example input of the agent registered as ``name`` as JSON text, or ``None``."""
+    try:
+        return json.dumps(dict(agent_class(name).example_input))
+    except UnknownAgent:
+        return None
+
+
 # -- operations --------------------------------------------------------------------------------
+
+
+UNCERTAIN = frozenset({OperationState.UNKNOWN.value, OperationState.IN_FLIGHT.value})
+"""Operation states a human may have to settle (an ``IN_FLIGHT`` one once its driver is gone)."""
 
 
 def reconciliation_count() -> int:
@@ -324,6 +436,35 @@ def _unsettled() -> QuerySet[Operation]:
     )
 
 
+@dataclass(frozen=True)
+class QueueRow:
+    """One uncertain write on the reconciliation page."""
+
+    op: Operation
+    age: timedelta
+    """How long it has been uncertain."""
+    found: Mapping[str, Any] | None
+    """What a lookup just found out about it, if one was run."""
+
+
+@dataclass
+class Reconciliation:
+    """The reconciliation page: the oldest uncertain writes, and how many there are."""
+
+    rows: list[QueueRow]
+    total: int
+
+
+def reconciliation(found: Mapping[int, Mapping[str, Any]] | None = None) -> Reconciliation:
+    """The reconciliation page; ``found`` puts lookups' answers beside their operations (by id)."""
+    now = timezone.now()
+    rows = [
+        QueueRow(op, now - op.updated_at, (found or {}).get(op.id))
+        for op in reconciliation_queue()
+    ]
+    return Reconciliation(rows, reconciliation_count())
+
+
 def operation(key: str) -> Operation | None:
     return Operation.objects.filter(key=key).select_related("task").first()
 
@@ -332,56 +473,59 @@ def operation(key: str) -> Operation | None:
 
 
 @dataclass(frozen=True)
-class AuditFilters:
+class AuditFilters(_Filters):
+    """The audit log's filters."""
+
+    LOOKUPS: ClassVar[Mapping[str, str]] = {
+        "actor": "actor__username",
+        "action": "action",
+        "task": "task_id",
+        "since": "at__gte",
+        "until": "at__lt",
+    }
     actor: str = ""
     action: str = ""
     task: int | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-    errors: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_query(cls, query: Any) -> AuditFilters:
-        errors: dict[str, str] = {}
-        query = _without_nul(query, errors)
+    def _read(cls, query: Mapping[str, str], errors: dict[str, str]) -> dict[str, Any]:
         raw_task = query.get("task", "").strip().removeprefix("#")
         task = int(raw_task) if re.fullmatch(r"\d{1,18}", raw_task) else None
         if raw_task and task is None:
             errors["task"] = f"{raw_task!r} is not a task id"
-        return cls(
-            actor=query.get("actor", "").strip()[:150],
-            action=query.get("action", "").strip()[:40],
-            task=task,
-            since=_parse_time(query.get("since", ""), "since", errors),
-            until=_parse_time(query.get("until", ""), "until", errors),
-            errors=errors,
-        )
-
-    def as_query(self) -> dict[str, str]:
-        out = {
-            "actor": self.actor,
-            "action": self.action,
-            "task": str(self.task) if self.task else "",
-            "since": self.since.isoformat(timespec="minutes") if self.since else "",
-            "until": self.until.isoformat(timespec="minutes") if self.until else "",
+        return {
+            "actor": query.get("actor", "").strip()[:150],
+            "action": query.get("action", "").strip()[:40],
+            "task": task,
         }
-        return {k: v for k, v in out.items() if v}
 
 
 def audit_entries(filters: AuditFilters) -> QuerySet[AuditEntry]:
-    qs = AuditEntry.objects.select_related("actor", "operation")
-    if filters.actor:
-        qs = qs.filter(actor__username=filters.actor)
-    if filters.action:
-        qs = qs.filter(action=filters.action)
-    if filters.task:
-        qs = qs.filter(task_id=filters.task)
-    if filters.since:
-        qs = qs.filter(at__gte=filters.since)
-    if filters.until:
-        qs = qs.filter(at__lt=filters.until)
-    return qs.order_by("-at", "-id")
+    """Audit entries matching ``filters``, newest first."""
+    return filters.apply(AuditEntry.objects.select_related("actor", "operation")).order_by(
+        "-at", "-id"
+    )
 
 
 def audit_page(filters: AuditFilters, number: Any) -> Page[AuditEntry]:
+    """One page of the audit log (a bad page number gives the nearest page)."""
     return Paginator(audit_entries(filters), AUDIT_PER_PAGE).get_page(number)
+
+
+AUDIT_COLUMNS = ("at", "actor", "action", "task", "operation", "reason", "before", "after")
+
+
+def audit_rows(filters: AuditFilters) -> Iterator[dict[str, Any]]:
+    """Every entry matching ``filters`` as plain values (``AUDIT_COLUMNS``), newest first,
+    read in chunks: an export of the whole log never holds it in memory."""
+    for entry in audit_entries(filters).iterator(chunk_size=2000):
+        yield {
+            "at": entry.at.isoformat(),
+            "actor": entry.actor.get_username(),
+            "action": entry.action,
+            "task": entry.task_id,
+            "operation": entry.operation.key if entry.operation else None,
+            "reason": entry.reason,
+            "before": entry.before,
+            "after": entry.after,
+        }

@@ -9,21 +9,16 @@ from __future__ import annotations
 
 import csv
 import json
-import logging
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from functools import wraps
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-import redis
-from django.conf import settings
+from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
-from django.db import DatabaseError, connection
+from django.core.paginator import Page
 from django.http import (
     Http404,
     HttpRequest,
@@ -40,16 +35,10 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRefresh, HttpResponseStopPolling
 
-from guard import RESUME_CONDITIONS, Reason
-
-from . import selectors, services
-from .agents import UnknownAgent, agent_class
+from . import health, selectors, services
 from .forms import ResolveForm, ResumeForm, StartForm, StopForm
-from .models import STOP_REASONS, AuditAction, AuditEntry, TaskState
-from .redaction import redact
+from .models import STOP_REASONS, AuditAction, TaskState
 from .roles import Capability, can, capabilities_of
-
-logger = logging.getLogger(__name__)
 
 View = Callable[..., HttpResponseBase]
 
@@ -81,8 +70,26 @@ def _page(
     target = htmx.target if htmx else None
     if target in partials:
         template = f"{template}#{target}"
-    context.setdefault("can", {cap.value: True for cap in capabilities_of(request.user)})
+    context.setdefault("can", _can(request))
     return render(request, template, context)
+
+
+def _list(
+    request: HttpRequest,
+    template: str,
+    filters: selectors.TaskFilters | selectors.AuditFilters,
+    page: Page[Any],
+    choices: Mapping[str, Any],
+) -> HttpResponse:
+    """A filtered list: the whole page, or only its ``results`` when htmx filters it;
+    ``choices`` are what its filter form offers."""
+    context = {"filters": filters, "query": filters.as_query(), "page": page, **choices}
+    return _page(request, template, context, frozenset({"results"}))
+
+
+def _can(request: HttpRequest) -> dict[str, bool]:
+    """What the person may do, for templates to offer: ``{% if can.stop %}``."""
+    return {cap.value: True for cap in capabilities_of(request.user)}
 
 
 def _done(request: HttpRequest, level: int, text: str, to: str) -> HttpResponse:
@@ -106,28 +113,16 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 def task_list(request: HttpRequest) -> HttpResponse:
     filters = selectors.TaskFilters.from_query(request.GET)
     page = selectors.task_page(filters, request.GET.get("page"))
-    return _page(
-        request,
-        "console/tasks.html",
-        {
-            "filters": filters,
-            "query": filters.as_query(),
-            "page": page,
-            "states": TaskState.values,
-            "reasons": STOP_REASONS,
-            "agents": selectors.agent_choices(),
-        },
-        frozenset({"results"}),
-    )
+    choices = {"states": TaskState.values, "reasons": STOP_REASONS,
+               "agents": selectors.agent_choices()}
+    return _list(request, "console/tasks.html", filters, page, choices)
 
 
 @require_GET
 @requires(Capability.READ)
 def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
     before = _int(request.GET.get("before"))
-    detail = selectors.task_detail(task_id, before=before)
-    if detail is None:
-        raise Http404(f"there is no task {task_id}")
+    detail = _found(selectors.task_detail(task_id, before=before), f"there is no task {task_id}")
     return _page(request, "console/task.html", {"d": detail, "paging_back": before is not None})
 
 
@@ -139,22 +134,20 @@ def task_live(request: HttpRequest, task_id: int) -> HttpResponse:
     live = selectors.task_live(task_id, after=after)
     if live is None:
         return HttpResponseStopPolling()
-    last_seq = live.events[-1].seq if live.events else after
-    context = {"d": live, "new_events": live.events, "last_seq": last_seq, "live": True}
-    context["can"] = {cap.value: True for cap in capabilities_of(request.user)}
     if live.task.is_terminal:
         # It has just stopped: load the whole page once, with its stop report, phases and
         # audit trail; that page has no poller, so the polling ends here.
         return HttpResponseClientRefresh()
-    return render(request, "console/task.html#live", context)
+    last_seq = live.events[-1].seq if live.events else after
+    context = {"d": live, "new_events": live.events, "last_seq": last_seq, "live": True}
+    return render(request, "console/task.html#live", {**context, "can": _can(request)})
 
 
 @require_GET
 @requires(Capability.READ)
 def task_report_json(request: HttpRequest, task_id: int) -> HttpResponse:
-    stored = selectors.latest_report(task_id)
-    if stored is None:
-        raise Http404(f"there is no stop report for task {task_id} (yet)")
+    missing = f"there is no stop report for task {task_id} (yet)"
+    stored = _found(selectors.latest_report(task_id), missing)
     response = JsonResponse(stored.report, json_dumps_params={"indent": 2, "ensure_ascii": False})
     response["Content-Disposition"] = f'attachment; filename="task-{task_id}-stop-report.json"'
     return response
@@ -166,11 +159,9 @@ def task_report_json(request: HttpRequest, task_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @requires(Capability.STOP)
 def task_stop(request: HttpRequest, task_id: int) -> HttpResponse:
-    detail = selectors.task_detail(task_id)
-    if detail is None:
-        raise Http404(f"there is no task {task_id}")
-    form = StopForm(request.POST if request.method == "POST" else None)
-    if request.method == "POST" and form.is_valid():
+    detail = _found(selectors.task_detail(task_id), f"there is no task {task_id}")
+    form = _bound(StopForm, request)
+    if form.is_bound and form.is_valid():
         try:
             task = services.task_stop(
                 task_id=task_id, actor=_person(request), reason=form.cleaned_data["reason"]
@@ -189,11 +180,9 @@ def task_stop(request: HttpRequest, task_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @requires(Capability.APPROVE)
 def task_resume(request: HttpRequest, task_id: int) -> HttpResponse:
-    detail = selectors.task_detail(task_id)
-    if detail is None:
-        raise Http404(f"there is no task {task_id}")
-    form = ResumeForm(request.POST if request.method == "POST" else None)
-    if request.method == "POST" and form.is_valid():
+    resumption = _found(selectors.resumption(task_id), f"there is no task {task_id}")
+    form = _bound(ResumeForm, request)
+    if form.is_bound and form.is_valid():
         try:
             services.task_approve_resumption(
                 task_id=task_id,
@@ -206,36 +195,20 @@ def task_resume(request: HttpRequest, task_id: int) -> HttpResponse:
         except services.ServiceError as exc:
             return _done(request, messages.WARNING, str(exc), _task_url(task_id))
         else:
-            return _done(
-                request, messages.SUCCESS, f"Task {task_id} resumes in a new phase.",
-                _task_url(task_id),
-            )
-    budget = services.BUDGET_REASONS.get(detail.task.reason, "")
-    uncertain = [op for op in detail.operations if op.state in ("UNKNOWN", "IN_FLIGHT")]
-    # The stop report's condition was written when the task stopped; whether a write is
-    # still uncertain is decided now.
-    condition = detail.reports[0].report.get("resume_condition", "") if detail.reports else ""
-    if not uncertain and detail.task.reason in {reason.value for reason in Reason}:
-        condition = RESUME_CONDITIONS[Reason(detail.task.reason)]
-    return _page(
-        request,
-        "console/resume.html",
-        {"d": detail, "form": form, "budget": budget, "uncertain": uncertain,
-         "condition": condition},
-    )
+            text = f"Task {task_id} resumes in a new phase."
+            return _done(request, messages.SUCCESS, text, _task_url(task_id))
+    context = {"d": resumption.detail, "r": resumption, "form": form}
+    return _page(request, "console/resume.html", context)
 
 
 @require_http_methods(["GET", "POST"])
 @requires(Capability.START)
 def task_new(request: HttpRequest) -> HttpResponse:
-    initial = {}
-    if name := request.GET.get("agent"):
-        try:
-            initial = {"agent": name, "input": json.dumps(dict(agent_class(name).example_input))}
-        except UnknownAgent:
-            initial = {}
-    form = StartForm(request.POST if request.method == "POST" else None, initial=initial)
-    if request.method == "POST" and form.is_valid():
+    name = request.GET.get("agent", "")
+    example = selectors.example_input(name) if name else None
+    initial = {"agent": name, "input": example} if example is not None else {}
+    form = _bound(StartForm, request, initial=initial)
+    if form.is_bound and form.is_valid():
         try:
             task = services.task_start(
                 agent=form.cleaned_data["agent"],
@@ -248,16 +221,8 @@ def task_new(request: HttpRequest) -> HttpResponse:
             form.add_error(None, str(exc))
         else:
             return _done(request, messages.SUCCESS, f"Task {task.id} started.", _task_url(task.id))
-    agents = []
-    for name in settings.LOOPGUARD_AGENTS:
-        try:
-            cls = agent_class(name)
-        except (UnknownAgent, ImportError, TypeError):
-            logger.exception("agent %s cannot be loaded", name)
-            continue
-        agents.append({"name": name, "title": cls.title, "description": cls.description,
-                       "example": json.dumps(dict(cls.example_input))})
-    return _page(request, "console/start.html", {"form": form, "agents": agents})
+    context = {"form": form, "agents": selectors.startable_agents()}
+    return _page(request, "console/start.html", context)
 
 
 # -- reconciliation ----------------------------------------------------------------------------
@@ -266,24 +231,13 @@ def task_new(request: HttpRequest) -> HttpResponse:
 @require_GET
 @requires(Capability.READ)
 def operations(request: HttpRequest) -> HttpResponse:
-    return _page(request, "console/operations.html", _queue({}))
-
-
-def _queue(found: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    now = timezone.now()
-    rows = [
-        {"op": op, "age": now - op.updated_at, "found": found.get(op.id)}
-        for op in selectors.reconciliation_queue()
-    ]
-    return {"rows": rows, "total": selectors.reconciliation_count()}
+    return _page(request, "console/operations.html", {"queue": selectors.reconciliation()})
 
 
 @require_POST
 @requires(Capability.RECONCILE)
 def operation_resolve(request: HttpRequest, key: str) -> HttpResponse:
-    op = selectors.operation(key)
-    if op is None:
-        raise Http404(f"there is no operation {key}")
+    _found(selectors.operation(key), f"there is no operation {key}")
     form = ResolveForm(request.POST, prefix=request.POST.get("prefix") or None)
     back = request.POST.get("next") or ""
     if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
@@ -291,8 +245,9 @@ def operation_resolve(request: HttpRequest, key: str) -> HttpResponse:
     if not form.is_valid():
         errors = "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items())
         return _done(request, messages.ERROR, f"{key} was not changed: {errors}", back)
+    committed = form.cleaned_data["decision"] == "committed"
     try:
-        if form.cleaned_data["decision"] == "committed":
+        if committed:
             services.operation_mark_committed(
                 key=key,
                 actor=_person(request),
@@ -305,7 +260,7 @@ def operation_resolve(request: HttpRequest, key: str) -> HttpResponse:
             )
     except services.ServiceError as exc:
         return _done(request, messages.WARNING, str(exc), back)
-    verdict = "committed" if form.cleaned_data["decision"] == "committed" else "not committed"
+    verdict = "committed" if committed else "not committed"
     return _done(request, messages.SUCCESS, f"{key} marked {verdict}.", back)
 
 
@@ -313,38 +268,15 @@ def operation_resolve(request: HttpRequest, key: str) -> HttpResponse:
 @requires(Capability.RECONCILE)
 def operation_lookup(request: HttpRequest, key: str) -> HttpResponse:
     """Ask the tool's own lookup what the business system knows of ``key``; changes nothing."""
-    op = selectors.operation(key)
-    if op is None:
-        raise Http404(f"there is no operation {key}")
-    found: dict[str, Any]
     try:
-        agent = agent_class(op.task.agent)(op.task.id, op.task.input, {})
-        tool = next((t for t in agent.tools() if t.name == op.tool), None)
-        if tool is None or tool.lookup is None:
-            found = {"error": f"the tool {op.tool or '?'} has no lookup"}
-        else:
-            settlement = tool.lookup(key)
-            found = {
-                "committed": settlement.committed,
-                "evidence": settlement.evidence,
-                "result": None if settlement.result is None else settlement.result.to_dict(),
-            }
-    except Exception as exc:
-        logger.exception("lookup of %s failed", key)
-        found = {"error": f"the lookup failed: {type(exc).__name__}: {exc}"[:500]}
-    found = redact(found)  # what a business system answers may hold secrets too
-    AuditEntry.objects.create(
-        actor=_person(request),
-        action=AuditAction.LOOKUP,
-        task_id=op.task_id,
-        operation=op,
-        reason="looked the operation up in the business system",
-        after=found,
-    )
+        op, found = services.operation_look_up(key=key, actor=_person(request))
+    except services.NotFound as exc:
+        raise Http404(str(exc)) from exc
     if getattr(request, "htmx", None):
         return _page(request, "console/operations.html#lookup", {"op": op, "found": found})
     # Without JavaScript: the whole queue, with the answer in place.
-    return _page(request, "console/operations.html", _queue({op.id: found}))
+    queue = selectors.reconciliation({op.id: found})
+    return _page(request, "console/operations.html", {"queue": queue})
 
 
 # -- audit -------------------------------------------------------------------------------------
@@ -355,13 +287,7 @@ def operation_lookup(request: HttpRequest, key: str) -> HttpResponse:
 def audit(request: HttpRequest) -> HttpResponse:
     filters = selectors.AuditFilters.from_query(request.GET)
     page = selectors.audit_page(filters, request.GET.get("page"))
-    return _page(
-        request,
-        "console/audit.html",
-        {"filters": filters, "query": filters.as_query(), "page": page,
-         "actions": AuditAction.choices},
-        frozenset({"results"}),
-    )
+    return _list(request, "console/audit.html", filters, page, {"actions": AuditAction.choices})
 
 
 @require_GET
@@ -369,8 +295,7 @@ def audit(request: HttpRequest) -> HttpResponse:
 def audit_export(request: HttpRequest, fmt: str) -> StreamingHttpResponse:
     if fmt not in ("csv", "json"):
         raise Http404("the audit log exports as .csv or .json")
-    filters = selectors.AuditFilters.from_query(request.GET)
-    rows = selectors.audit_entries(filters).iterator(chunk_size=2000)
+    rows = selectors.audit_rows(selectors.AuditFilters.from_query(request.GET))
     stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
     if fmt == "json":
         response = StreamingHttpResponse(_json_lines(rows), content_type="application/json")
@@ -380,23 +305,10 @@ def audit_export(request: HttpRequest, fmt: str) -> StreamingHttpResponse:
     return response
 
 
-def _row(entry: AuditEntry) -> dict[str, Any]:
-    return {
-        "at": entry.at.isoformat(),
-        "actor": entry.actor.get_username(),
-        "action": entry.action,
-        "task": entry.task_id,
-        "operation": entry.operation.key if entry.operation else None,
-        "reason": entry.reason,
-        "before": entry.before,
-        "after": entry.after,
-    }
-
-
-def _json_lines(rows: Iterator[AuditEntry]) -> Iterator[str]:
+def _json_lines(rows: Iterator[Mapping[str, Any]]) -> Iterator[str]:
     yield "["
-    for i, entry in enumerate(rows):
-        yield ("," if i else "") + "\n" + json.dumps(_row(entry), ensure_ascii=False)
+    for i, row in enumerate(rows):
+        yield ("," if i else "") + "\n" + json.dumps(row, ensure_ascii=False)
     yield "\n]\n"
 
 
@@ -405,16 +317,17 @@ class _Echo:
         return value
 
 
-def _csv_lines(rows: Iterator[AuditEntry]) -> Iterator[str]:
+def _csv_lines(rows: Iterator[Mapping[str, Any]]) -> Iterator[str]:
     writer = csv.writer(_Echo())
-    fields = ["at", "actor", "action", "task", "operation", "reason", "before", "after"]
-    yield writer.writerow(fields)
-    for entry in rows:
-        row = _row(entry)
-        row["before"] = json.dumps(row["before"], ensure_ascii=False)
-        row["after"] = json.dumps(row["after"], ensure_ascii=False)
+    yield writer.writerow(selectors.AUDIT_COLUMNS)
+    for row in rows:
+        cells = {**row, "before": _text(row["before"]), "after": _text(row["after"])}
         # A cell starting with = + - @ is a formula to a spreadsheet: neutralise it.
-        yield writer.writerow([_cell(row[name]) for name in fields])
+        yield writer.writerow([_cell(cells[name]) for name in selectors.AUDIT_COLUMNS])
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _cell(value: Any) -> str:
@@ -424,74 +337,33 @@ def _cell(value: Any) -> str:
 
 # -- health ------------------------------------------------------------------------------------
 
-# A health check must answer quickly even when Redis is gone, not hang the probe.
-REDIS_TIMEOUT_S = 2.0
-
-
-def database_is_up() -> bool:
-    """Return whether the database (PostgreSQL, or SQLite standalone) answers `SELECT 1`."""
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-            return bool(cursor.fetchone() == (1,))
-    except DatabaseError:
-        logger.exception("healthz: database check failed")
-        return False
-
-
-def redis_is_up(url: str) -> bool:
-    """Return whether the Redis at ``url`` answers PING."""
-    client = redis.Redis.from_url(
-        url,
-        socket_connect_timeout=REDIS_TIMEOUT_S,
-        socket_timeout=REDIS_TIMEOUT_S,
-    )
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        logger.exception("healthz: redis check failed")
-        return False
-    finally:
-        client.close()
-
-
-def broker_folders_are_up() -> bool:
-    """Return whether the filesystem broker's folders exist and this process can write them."""
-    options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
-    folders = {Path(str(options[name])) for name in ("data_folder_in", "data_folder_out")}
-    missing = [str(f) for f in folders if not (f.is_dir() and os.access(f, os.W_OK | os.X_OK))]
-    if missing:
-        logger.error("healthz: broker folder(s) missing or not writable: %s", ", ".join(missing))
-    return not missing
-
-
-def broker_check() -> tuple[str, bool]:
-    """The configured broker's name in the health answer, and whether it is reachable."""
-    if urlsplit(settings.CELERY_BROKER_URL).scheme == "filesystem":
-        return "broker", broker_folders_are_up()
-    return "redis", redis_is_up(settings.CELERY_BROKER_URL)
-
 
 @login_not_required
 @never_cache
 @require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
-    """Answer 200 when the database and the broker both respond, 503 otherwise.
+    """Answer 200 when the database and the broker both respond, 503 otherwise (see
+    :mod:`console.health`)."""
+    found = health.health()
+    return JsonResponse(found.to_dict(), status=200 if found.healthy else 503)
 
-    The broker is Redis (shown as ``redis``) or, in standalone mode, kombu's filesystem
-    transport (``broker``: its folders are there and writable). Only "ok"/"down" per
-    dependency is shown: error details go to the log, not to whoever can reach this URL.
-    """
-    broker, broker_up = broker_check()
-    checks = {"database": database_is_up(), broker: broker_up}
-    healthy = all(checks.values())
-    return JsonResponse(
-        {
-            "status": "ok" if healthy else "unavailable",
-            "checks": {name: "ok" if up else "down" for name, up in checks.items()},
-        },
-        status=200 if healthy else 503,
-    )
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _found[T](value: T | None, missing: str) -> T:
+    """``value``, or a 404 saying what is ``missing``."""
+    if value is None:
+        raise Http404(missing)
+    return value
+
+
+def _bound[F: forms.Form](
+    form_class: type[F], request: HttpRequest, *, initial: Mapping[str, Any] | None = None
+) -> F:
+    """The page's form: bound to what was posted, or blank (with ``initial``) on a GET."""
+    data = request.POST if request.method == "POST" else None
+    return form_class(data, initial=dict(initial or {}))
 
 
 def _person(request: HttpRequest) -> User:
@@ -510,4 +382,3 @@ def _int(raw: str | None) -> int | None:
 
 def _task_url(task_id: int) -> str:
     return reverse("task", args=[task_id])
-

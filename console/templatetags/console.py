@@ -1,4 +1,4 @@
-"""Small template filters: times with their zone, ages, durations."""
+"""Small template filters: times with their zone, ages, durations, a task's gauges."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from typing import Any
 
 from django import template
 from django.utils import timezone
+
+from console.models import Task
+from console.selectors import Gauge, gauges
 
 register = template.Library()
 
@@ -48,6 +51,12 @@ def duration(ms: Any) -> str:
     if ms < 60_000:
         return f"{ms / 1000:.1f} s"
     return f"{ms // 60_000} min {ms % 60_000 // 1000} s"
+
+
+@register.filter(name="gauges")
+def task_gauges(task: Task) -> list[Gauge]:
+    """The task's budget gauges (:func:`console.selectors.gauges`): no query of its own."""
+    return gauges(task)
 
 
 @register.filter

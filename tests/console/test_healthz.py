@@ -6,6 +6,8 @@ import pytest
 from django.test import Client
 from pytest_django import Settings
 
+from console import health
+
 pytestmark = pytest.mark.django_db
 
 
@@ -65,3 +67,10 @@ def test_it_answers_503_when_the_broker_folder_is_missing(
 
 def test_it_refuses_anything_but_get(client: Client) -> None:
     assert client.post("/healthz").status_code == 405
+
+
+def test_the_probes_answer_without_a_request_each_dependency_by_name() -> None:
+    found = health.health()
+
+    assert found.healthy
+    assert found.checks == {"database": True, "redis": True}
