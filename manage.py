@@ -94,11 +94,14 @@ def install(extras: str) -> None:
     """`pip install -e .[extras]` into .venv unless pyproject.toml is unchanged since last time."""
     digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
     installed = STAMP.read_text().split() if STAMP.exists() else []
-    extras = extras or " ".join(installed[1:])  # keep the dev tools once they are there
-    if installed[:1] == [digest] and extras in ("", *installed[1:]):
+    have = set(",".join(installed[1:]).split(",")) - {""}
+    wanted = set(extras.split(",")) - {""}
+    if installed[:1] == [digest] and wanted <= have:
         return
-    changed = "pyproject.toml changed" if installed[:1] != [digest] else f"[{extras}] missing"
+    missing = ",".join(sorted(wanted - have))
+    changed = "pyproject.toml changed" if installed[:1] != [digest] else f"[{missing}] missing"
     why = changed if installed else "first install"
+    extras = ",".join(sorted(wanted | have))  # keep the dev tools once they are there
     target = f".[{extras}]" if extras else "."
     print(f"manage.py: installing {target} into .venv ({why}; quiet unless it fails)", flush=True)
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
@@ -169,19 +172,24 @@ def run_django(argv: list[str]) -> None:
     execute_from_command_line(argv)
 
 
+def model_extra() -> str:
+    """The model agent's client once a model is configured (LOOPGUARD_MODEL_URL)."""
+    return "model" if os.environ.get("LOOPGUARD_MODEL_URL") else ""
+
+
 def main(argv: list[str]) -> None:
     """Dispatch `up`, `test` or a Django command."""
     command = argv[1] if len(argv) > 1 else ""
     if command == "test":
-        ensure_environment("dev")
+        ensure_environment("dev,model")  # the model agent's client is an extra its tests need
         run_tests(argv[2:])
     elif command == "up":
-        ensure_environment()
+        ensure_environment(model_extra())
         from console.launcher import main as up  # inside .venv now: Django is importable
 
         sys.exit(up(argv[2:]))
     else:
-        ensure_environment()
+        ensure_environment(model_extra())
         run_django(argv)
 
 

@@ -91,5 +91,8 @@ def logging_config(level: str) -> dict[str, Any]:
             # gunicorn's loggers bring handlers of their own otherwise: one line each.
             "gunicorn.error": {"handlers": [], "propagate": True},
             "gunicorn.access": {"handlers": [], "propagate": True},
+            # The model client's HTTP library logs every request at INFO; the trace has them.
+            "httpx": {"level": "WARNING"},
+            "httpcore": {"level": "WARNING"},
         },
     }

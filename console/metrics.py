@@ -2,9 +2,10 @@
 
 Every value is read from the database when Prometheus scrapes, with four aggregate queries,
 whatever the number of tasks. So every web process answers the same, a restart loses
-nothing, and workers need no metrics port of their own. That is also why this is written
-by hand rather than with ``prometheus_client``: its registries keep values in process
-memory, which gunicorn's several processes would each hold a part of.
+nothing, and workers need no metrics port of their own. ``prometheus_client`` writes the
+text, from a custom collector on a registry of this module's own: the library's metric
+objects (and its global registry) keep values in process memory, which gunicorn's several
+processes would each hold a part of; the collector keeps nothing between scrapes.
 
 Access: with ``LOOPGUARD_METRICS_TOKEN`` set, a scraper must send
 ``Authorization: Bearer <token>``; without it, only loopback clients are answered.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,9 +27,19 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from guard.steps import DIMENSIONS, Dimension
 
 from .models import EventKind, Operation, OperationState, StopReport, Task, TaskState, TraceEvent
 
+# The classic text format, whatever a scraper's Accept asks for: every Prometheus reads it.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 CHALLENGE = 'Bearer realm="loopguard-metrics"'
 LATENCY_WINDOW = timedelta(hours=1)
@@ -36,7 +47,12 @@ LATENCY_WINDOW = timedelta(hours=1)
 # from a cached read to a slow model call.
 LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000)
 LATENCY_KINDS = (EventKind.MODEL_CALL.value, EventKind.REQUEST.value)
-SPENT = ("model_calls", "requests", "executions", "tokens")
+# Two budgets are not summed by agent: each poll is an execution already (in
+# loopguard_executions), and elapsed time is a duration per task, not work an agent spent.
+_NOT_SUMMED = frozenset({"elapsed_ms", "polls"})
+SPENT: tuple[Dimension, ...] = tuple(d for d in DIMENSIONS if d.used not in _NOT_SUMMED)
+"""The budgets summed by agent, each as ``loopguard_<used>``; a budget declared in
+:data:`guard.steps.DIMENSIONS` gets its series here without another line."""
 
 
 @dataclass(frozen=True)
@@ -82,23 +98,23 @@ def snapshot() -> Snapshot:
 def _tasks(now: datetime) -> tuple[dict[str, int], int, dict[str, dict[str, int]]]:
     """Tasks by state, running ones with an expired lease, and budgets spent by agent."""
     tasks = dict.fromkeys(TaskState.values, 0)
-    spent: dict[str, dict[str, int]] = {name: {} for name in SPENT}
+    spent: dict[str, dict[str, int]] = {dim.used: {} for dim in SPENT}
     expired = 0
     rows: Iterable[Mapping[str, Any]] = (
         Task.objects.values("agent", "state")
         .annotate(
             n=Count("id"),
             expired=Count("id", filter=Q(state=TaskState.RUNNING, lease_expires_at__lt=now)),
-            **{name: Sum(name) for name in SPENT},
+            **{dim.used: Sum(dim.used) for dim in SPENT},
         )
         .order_by()
     )
     for row in rows:
         tasks[row["state"]] = tasks.get(row["state"], 0) + row["n"]
         expired += row["expired"]
-        for name in SPENT:
-            by_agent = spent[name]
-            by_agent[row["agent"]] = by_agent.get(row["agent"], 0) + int(row[name] or 0)
+        for dim in SPENT:
+            by_agent = spent[dim.used]
+            by_agent[row["agent"]] = by_agent.get(row["agent"], 0) + int(row[dim.used] or 0)
     return tasks, expired, spent
 
 
@@ -147,94 +163,82 @@ def _latency(since: datetime) -> dict[str, Latency]:
     return latency
 
 
-# -- the text format ---------------------------------------------------------------------------
+# -- the families ------------------------------------------------------------------------------
 
 
-def _escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _sample(name: str, value: float, **labels: str) -> str:
-    text = ",".join(f'{key}="{_escape_label(val)}"' for key, val in labels.items())
-    number = repr(value) if isinstance(value, float) else str(value)
-    return f"{name}{{{text}}} {number}" if text else f"{name} {number}"
-
-
-def _family(name: str, kind: str, help: str, samples: Iterable[str]) -> list[str]:
-    return [f"# HELP {name} {help}", f"# TYPE {name} {kind}", *samples]
-
-
-def _gauge(name: str, help: str, value: int) -> list[str]:
-    return _family(name, "gauge", help, [_sample(name, value)])
-
-
-def render(snap: Snapshot) -> str:
-    """The snapshot in Prometheus' text format."""
-    lines = _family(
-        "loopguard_tasks",
-        "gauge",
-        "Tasks by state.",
-        (_sample("loopguard_tasks", n, state=state) for state, n in sorted(snap.tasks.items())),
-    )
-    lines += _gauge(
+def _families(snap: Snapshot) -> Iterator[Metric]:
+    """The snapshot as Prometheus metric families, in the order they are served."""
+    tasks = GaugeMetricFamily("loopguard_tasks", "Tasks by state.", labels=["state"])
+    for state, n in sorted(snap.tasks.items()):
+        tasks.add_metric([state], n)
+    yield tasks
+    yield GaugeMetricFamily(
         "loopguard_tasks_lease_expired",
         "Running tasks whose driver's lease ran out (the beat sweep recovers them).",
-        snap.tasks_lease_expired,
+        value=snap.tasks_lease_expired,
     )
-    lines += _gauge(
+    yield GaugeMetricFamily(
         "loopguard_operations_unknown",
         "Write operations whose commit state is unknown, waiting for reconciliation.",
-        snap.operations_unknown,
+        value=snap.operations_unknown,
     )
-    lines += _gauge(
+    yield GaugeMetricFamily(
         "loopguard_operations_in_flight",
         "Write operations executing now.",
-        snap.operations_in_flight,
+        value=snap.operations_in_flight,
     )
-    lines += _gauge(
+    yield GaugeMetricFamily(
         "loopguard_operations_in_flight_lease_expired",
         "In-flight write operations whose task's driver lost its lease (the sweep makes them"
         " UNKNOWN; one that stays means no sweep runs).",
-        snap.operations_in_flight_lease_expired,
+        value=snap.operations_in_flight_lease_expired,
     )
-    lines += _family(
+    stops = CounterMetricFamily(
         "loopguard_stops_total",
-        "counter",
         "Phases stopped, by terminal state and reason.",
-        (
-            _sample("loopguard_stops_total", n, state=state, reason=reason)
-            for (state, reason), n in sorted(snap.stops.items())
-        ),
+        labels=["state", "reason"],
     )
-    for name in SPENT:
-        metric = f"loopguard_{name}"
-        lines += _family(
-            metric,
-            "gauge",
-            f"{name.replace('_', ' ').capitalize()} spent by all tasks, by agent. A gauge, not a"
-            " counter: a driver counts the next step ahead and corrects it when the task stops.",
-            (
-                _sample(metric, total, agent=agent)
-                for agent, total in sorted(snap.spent[name].items())
-            ),
+    for (state, reason), n in sorted(snap.stops.items()):
+        stops.add_metric([state, reason], n)
+    yield stops
+    for dim in SPENT:
+        spent = GaugeMetricFamily(
+            f"loopguard_{dim.used}",
+            f"{dim.label.capitalize()} spent by all tasks, by agent. A gauge, not a counter: a"
+            " driver counts the next step ahead and corrects it when the task stops.",
+            labels=["agent"],
         )
-    metric = "loopguard_step_latency_seconds"
-    samples: list[str] = []
-    for kind in LATENCY_KINDS:
-        lat = snap.latency[kind]
-        for ms, n in zip(LATENCY_BUCKETS_MS, lat.buckets, strict=True):
-            samples.append(_sample(f"{metric}_bucket", n, kind=kind, le=f"{ms / 1000:g}"))
-        samples.append(_sample(f"{metric}_bucket", lat.count, kind=kind, le="+Inf"))
-        samples.append(_sample(f"{metric}_sum", lat.sum_ms / 1000, kind=kind))
-        samples.append(_sample(f"{metric}_count", lat.count, kind=kind))
-    lines += _family(
-        metric,
-        "histogram",
+        for agent, total in sorted(snap.spent[dim.used].items()):
+            spent.add_metric([agent], total)
+        yield spent
+    latency = HistogramMetricFamily(
+        "loopguard_step_latency_seconds",
         "Latency of model calls and tool requests over the last hour (a moving window: use"
         " histogram_quantile on the buckets themselves, not on rate()).",
-        samples,
+        labels=["kind"],
     )
-    return "\n".join(lines) + "\n"
+    for kind in LATENCY_KINDS:
+        lat = snap.latency[kind]
+        buckets = [
+            (f"{ms / 1000:g}", n) for ms, n in zip(LATENCY_BUCKETS_MS, lat.buckets, strict=True)
+        ]
+        latency.add_metric([kind], [*buckets, ("+Inf", lat.count)], lat.sum_ms / 1000)
+    yield latency
+
+
+class DatabaseCollector:
+    """A ``prometheus_client`` collector that reads the database at each scrape (four
+    queries) and keeps nothing between scrapes."""
+
+    def collect(self) -> Iterator[Metric]:
+        """Every family, read now."""
+        return _families(snapshot())
+
+
+REGISTRY = CollectorRegistry()
+"""``/metrics``' own registry: only the database collector, none of the library's process
+collectors (one process's CPU or memory would be a random gunicorn worker's)."""
+REGISTRY.register(DatabaseCollector())
 
 
 # -- the view ----------------------------------------------------------------------------------
@@ -285,4 +289,4 @@ def metrics(request: HttpRequest) -> HttpResponse:
     refused = _refusal(request)
     if refused is not None:
         return refused
-    return HttpResponse(render(snapshot()), content_type=CONTENT_TYPE)
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE)

@@ -11,20 +11,19 @@ with such a planner: the same tools and the same inspector, which reads the desk
 never the model's word.
 
 Any server speaking that API works (OpenAI, Azure OpenAI's compatible endpoint, vLLM,
-Ollama, LiteLLM). Only the standard library is used to talk to it.
+Ollama, LiteLLM). The official ``openai`` package talks to it, from the ``model`` extra
+(``pip install 'loopguard[model]'``); without it a model agent refuses to start, saying so.
 """
 
 from __future__ import annotations
 
-import contextlib
-import http.client
+import functools
 import json
 import socket
+import ssl
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
@@ -36,10 +35,33 @@ from .base import Agent
 
 MAX_REPLY_BYTES = 2 * 1024 * 1024  # a chat completion is a few KiB; anything this big is wrong
 _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+NEEDS_OPENAI = (
+    "a model agent needs the openai package, which is not installed: pip install 'loopguard[model]'"
+)
+# openai refuses to build a client without a key (or reads OPENAI_API_KEY, meant for another
+# server); with none configured, _ask() omits the Authorization header, so this is never sent.
+_NO_KEY = "no-key"
 
 
 class ModelUnavailable(RuntimeError):
     """The model could not be asked, or did not answer usably: the planner fails."""
+
+
+def _require_openai() -> None:
+    """Raise :class:`ModelUnavailable` naming the extra if ``openai`` cannot be imported."""
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        raise ModelUnavailable(NEEDS_OPENAI) from None
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """The TLS context (CA bundle loaded) that every model call's new client shares: loading
+    it takes ~25 ms of CPU, more than building the rest of a client."""
+    import httpx2
+
+    return httpx2.create_ssl_context()
 
 
 @dataclass(frozen=True)
@@ -55,7 +77,8 @@ class ModelEndpoint:
     @classmethod
     def from_settings(cls) -> ModelEndpoint:
         """The endpoint ``LOOPGUARD_MODEL_*`` configure; raises ``ModelUnavailable`` if it is
-        not configured, or not usable (not http(s), a user or password in the URL)."""
+        not configured, or not usable (not http(s), a user or password in the URL, no
+        ``openai`` package)."""
         url, model = settings.LOOPGUARD_MODEL_URL, settings.LOOPGUARD_MODEL_NAME
         if not url or not model:
             raise ModelUnavailable(
@@ -71,6 +94,7 @@ class ModelEndpoint:
                 "LOOPGUARD_MODEL_URL must not hold a user or password; "
                 "put the credential in LOOPGUARD_MODEL_API_KEY"
             )
+        _require_openai()
         return cls(
             url=url,
             model=model,
@@ -85,70 +109,109 @@ class ModelEndpoint:
         Asks again (``retries`` times, 0.5 s, 1 s, 2 s… apart) only when the model cannot
         have answered: the server refused the connection, or said it was busy or failing
         (HTTP 408, 409, 429, 5xx). A request that timed out or broke off may have been
-        answered, and billed, without the reply arriving: it is not sent again.
+        answered, and billed, without the reply arriving: it is not sent again. So the
+        client's own retries are off (it would resend after a timeout), and so are redirects
+        (following one would send the API key to wherever it points).
         """
-        body = json.dumps({"model": self.model, "messages": list(messages), "tools": list(tools)})
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
+        import httpx2
+        import openai
+
         address = self.url.rstrip("/") + "/chat/completions"
         problem = ""
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
-            request = urllib.request.Request(  # noqa: S310 - http(s) only (from_settings)
-                address, data=body.encode(), headers=headers, method="POST"
-            )
             try:
-                with _OPENER.open(request, timeout=self.timeout_s) as response:
-                    raw = response.read(MAX_REPLY_BYTES + 1)
-            except urllib.error.HTTPError as exc:
-                problem = f"the model answered HTTP {exc.code}: {_excerpt(_body(exc))}"
-                if exc.code in _RETRY_STATUS:
+                raw = self._ask(messages, tools)
+            except openai.APIStatusError as exc:
+                said = self.redact(_excerpt(exc.response.content[:2000]))
+                problem = f"the model answered HTTP {exc.status_code}: {said}"
+                if exc.status_code in _RETRY_STATUS:
                     continue
                 raise ModelUnavailable(problem) from None
-            except urllib.error.URLError as exc:
-                problem = f"the model could not be reached at {address}: {exc.reason}"
-                if isinstance(exc.reason, ConnectionRefusedError | socket.gaierror):
-                    continue  # nothing was sent
-                raise ModelUnavailable(problem) from None
-            except (TimeoutError, OSError, http.client.HTTPException, ValueError) as exc:
-                reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                raise ModelUnavailable(
-                    f"the request to {address} broke off without a reply ({reason})"
-                ) from None
+            except openai.APIConnectionError as exc:
+                cause = exc.__cause__ or exc
+                if isinstance(cause, httpx2.ConnectError | httpx2.ConnectTimeout):
+                    problem = f"the model could not be reached at {address}: {_root(cause)}"
+                    if _refused(cause):
+                        continue  # nothing was sent
+                    raise ModelUnavailable(problem) from None
+                raise ModelUnavailable(_broke_off(address, cause)) from None
+            except httpx2.RequestError as exc:  # reading the reply's body
+                raise ModelUnavailable(_broke_off(address, exc)) from None
+            except openai.OpenAIError as exc:
+                said = self.redact(str(exc))
+                raise ModelUnavailable(f"the model could not be asked: {said}") from None
             if len(raw) > MAX_REPLY_BYTES:
                 raise ModelUnavailable(f"the model's reply is larger than {MAX_REPLY_BYTES} bytes")
             try:
                 reply = json.loads(raw, parse_constant=_no_constant)
             except ValueError:
-                raise ModelUnavailable(f"the model's reply is not JSON: {_excerpt(raw)}") from None
+                said = self.redact(_excerpt(raw))
+                raise ModelUnavailable(f"the model's reply is not JSON: {said}") from None
             if not isinstance(reply, dict):
-                raise ModelUnavailable(f"the model's reply is not an object: {_excerpt(raw)}")
+                said = self.redact(_excerpt(raw))
+                raise ModelUnavailable(f"the model's reply is not an object: {said}")
             return reply
         raise ModelUnavailable(f"{problem} (after {self.retries + 1} attempts)")
 
+    def _ask(self, messages: Sequence[Any], tools: Sequence[Any]) -> bytes:
+        """One request; the reply's body as sent (at most ``MAX_REPLY_BYTES`` + 1 bytes).
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """A redirect is answered as the HTTP error it is: following it would send the API key
-    to wherever it points, and turn the POST into a GET."""
+        The body is kept raw rather than parsed into the library's types: the conversation
+        keeps the message as the API sent it, and the tokens are charged from its usage
+        even when the rest of it cannot be used.
+        """
+        import openai
 
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
+        # A new client, so a new connection, per call: a kept-alive one that the server is
+        # closing just then breaks the request off, and such a request is never sent again.
+        with (
+            openai.OpenAI(
+                base_url=self.url,
+                api_key=self.api_key or _NO_KEY,
+                timeout=self.timeout_s,
+                max_retries=0,
+                http_client=openai.DefaultHttpxClient(follow_redirects=False, verify=_tls()),
+            ) as client,
+            client.chat.completions.with_streaming_response.create(
+                model=self.model,
+                messages=list(messages),
+                tools=list(tools),
+                extra_headers={} if self.api_key else {"Authorization": openai.omit},
+            ) as response,
+        ):
+            return _capped(response.iter_bytes())
+
+    def redact(self, text: str) -> str:
+        """``text`` without the API key (a server may quote the key it refused)."""
+        return text.replace(self.api_key, "[redacted]") if self.api_key else text
 
 
-_OPENER = urllib.request.build_opener(_NoRedirects)
+def _capped(chunks: Iterable[bytes]) -> bytes:
+    body = bytearray()
+    for chunk in chunks:
+        body += chunk
+        if len(body) > MAX_REPLY_BYTES:
+            break
+    return bytes(body)
 
 
-def _body(error: urllib.error.HTTPError) -> bytes:
-    """The start of an error response's body (empty if it cannot be read); closes it."""
-    try:
-        return error.read(2000)
-    except (OSError, http.client.HTTPException, AttributeError):
-        return b""
-    finally:
-        with contextlib.suppress(OSError, AttributeError):
-            error.close()
+def _root(error: BaseException) -> BaseException:
+    """The innermost cause: the operating system's own words ("Connection refused")."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error
+
+
+def _refused(error: BaseException) -> bool:
+    """The connection was refused, or the host's name did not resolve: nothing was sent."""
+    return isinstance(_root(error), ConnectionRefusedError | socket.gaierror)
+
+
+def _broke_off(address: str, error: BaseException) -> str:
+    reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return f"the request to {address} broke off without a reply ({reason})"
 
 
 def _no_constant(name: str) -> Any:
@@ -210,7 +273,8 @@ class ChatAgent(Agent):
         if asked is not None:  # the calls of the last reply, answered in the model's order
             messages.extend(openai_tool_messages(calls_from_openai(asked, specs), observation))
             self.memory["asked"] = None
-        reply = self.endpoint().complete(messages, self._schemas())
+        endpoint = self.endpoint()
+        reply = endpoint.complete(messages, self._schemas())
         usage = reply.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
             self.tokens = max(0, usage["total_tokens"])
@@ -219,7 +283,8 @@ class ChatAgent(Agent):
         except (KeyError, IndexError, TypeError):
             message = None
         if not isinstance(message, dict):
-            raise ModelUnavailable(f"the model's reply has no message: {str(reply)[:300]}")
+            said = endpoint.redact(str(reply))[:300]
+            raise ModelUnavailable(f"the model's reply has no message: {said}")
         turn = calls_from_openai(message, specs)  # what the model said, for the guard to judge
         kept = _as_sent(message)  # what the API takes back, for the conversation
         messages.append(kept)

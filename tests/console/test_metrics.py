@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import prometheus_client
 import pytest
 from django.test import Client
 from django.utils import timezone
@@ -324,6 +325,21 @@ def test_an_empty_database_still_gives_every_family(scrape: Callable[[], Exposit
         "loopguard_step_latency_seconds",
     }
     assert metrics.value("loopguard_operations_unknown") == 0
+
+
+def test_no_process_holds_a_part_of_the_metrics(scrape: Callable[[], Exposition]) -> None:
+    """Under gunicorn any worker answers a scrape: nothing may come from one process's memory
+    (prometheus_client's global registry, its process and garbage-collector series)."""
+    _task(TaskState.QUEUED, model_calls=2)
+
+    metrics = scrape()
+
+    assert metrics.value("loopguard_model_calls", agent="paging") == 2
+    assert all(name.startswith("loopguard_") for name in metrics.types)
+    assert (
+        prometheus_client.REGISTRY.get_sample_value("loopguard_model_calls", {"agent": "paging"})
+        is None
+    )
 
 
 def test_it_reads_in_four_queries_however_many_rows(

@@ -8,15 +8,19 @@ HTTP, and its tools act on the desk's real tables.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from console import runner, services
+from console import runner, services, statements
 from console.demo.desk import seed_demo_data
 from console.demo.models import Notice, Refund
 from console.models import Operation, OperationState, StopReport, Task, TaskState, TraceEvent
@@ -28,6 +32,8 @@ DESK_INPUT = {"order": 42, "amount_cents": 1500, "reason": "the parcel arrived d
 
 Reply = tuple[int, Any]  # HTTP status, JSON body
 SLOW = -1  # a reply (SLOW, seconds): the model answers, too late
+HANG_UP = -2  # a reply (HANG_UP, None): the connection closes with no answer at all
+RAW = -3  # a reply (RAW, bytes): a 200 whose body is these bytes, JSON or not
 
 
 class WorkerGone(BaseException):
@@ -56,7 +62,11 @@ class StubModel:
                 if status == SLOW:  # answer, but only after ``body`` seconds
                     time.sleep(body)
                     status, body = text("late")
-                data = json.dumps(body).encode()
+                if status == HANG_UP:
+                    self.close_connection = True
+                    return
+                data = body if status == RAW else json.dumps(body).encode()
+                status = 200 if status == RAW else status
                 self.send_response(status)
                 if status in (301, 302, 303, 307, 308):
                     self.send_header("Location", body["location"])
@@ -296,7 +306,7 @@ def test_a_task_resumed_mid_conversation_answers_the_pending_call_first(
     with the lookup answered, and the model sees no gap."""
     model.replies = list(THE_WHOLE_JOB)
     task = start()
-    real_fetch_one: Callable[..., Any] = runner.fetch_one
+    real_fetch_one: Callable[..., Any] = statements.fetch_one
     cut: list[int] = []
 
     def lose_the_worker_at_the_refund_claim(sql: str, params: Any) -> Any:
@@ -305,7 +315,7 @@ def test_a_task_resumed_mid_conversation_answers_the_pending_call_first(
             raise WorkerGone
         return real_fetch_one(sql, params)
 
-    monkeypatch.setattr("console.ledger.fetch_one", lose_the_worker_at_the_refund_claim)
+    monkeypatch.setattr("console.store.postgresql.fetch_one", lose_the_worker_at_the_refund_claim)
     with pytest.raises(WorkerGone):
         runner.drive(task.id)
     monkeypatch.undo()
@@ -344,9 +354,7 @@ def test_a_model_that_says_it_is_done_before_the_desk_agrees_ends_partial(
     ["http://bot:hunter2-secret@127.0.0.1:9/v1", "https://bot:hunter2-secret@api.example.com/v1"],
     ids=["with-a-port", "without-a-port"],
 )
-def test_a_password_in_the_model_url_is_refused_and_never_repeated(
-    settings: Any, url: str
-) -> None:
+def test_a_password_in_the_model_url_is_refused_and_never_repeated(settings: Any, url: str) -> None:
     settings.LOOPGUARD_MODEL_URL = url
     with pytest.raises(services.InvalidInput, match="must not hold a user or password") as refused:
         start()
@@ -383,7 +391,7 @@ def test_a_worker_lost_in_the_middle_of_a_batch_resumes_with_each_call_answered_
     conversation answers the refund with its result and the notice as not run."""
     model.replies = [calls(("call_1", "order_lookup", {"order": 42})), BOTH_WRITES]
     task = start()
-    real_fetch_one: Callable[..., Any] = runner.fetch_one
+    real_fetch_one: Callable[..., Any] = statements.fetch_one
 
     def lose_the_worker_at_the_notice_claim(sql: str, params: Any) -> Any:
         values = params.values() if isinstance(params, dict) else params
@@ -391,7 +399,7 @@ def test_a_worker_lost_in_the_middle_of_a_batch_resumes_with_each_call_answered_
             raise WorkerGone
         return real_fetch_one(sql, params)
 
-    monkeypatch.setattr("console.ledger.fetch_one", lose_the_worker_at_the_notice_claim)
+    monkeypatch.setattr("console.store.postgresql.fetch_one", lose_the_worker_at_the_notice_claim)
     with pytest.raises(WorkerGone):
         runner.drive(task.id)
     monkeypatch.undo()
@@ -488,3 +496,125 @@ def test_tokens_of_a_reply_that_cannot_be_used_are_still_charged(model: StubMode
 
     task.refresh_from_db()
     assert (task.state, task.reason, task.tokens) == (TaskState.FAILED, "planner_error", 77)
+
+
+def test_a_model_that_hangs_up_without_a_reply_is_not_asked_again(model: StubModel) -> None:
+    """Like a timeout: the request arrived, so it may have been answered and billed."""
+    model.replies = [(HANG_UP, None), *THE_WHOLE_JOB]
+    task = start()
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.FAILED, "planner_error")
+    assert "broke off without a reply" in task.detail
+    assert len(model.requests) == 1
+
+
+def test_a_reply_too_large_to_be_a_completion_fails_the_task(model: StubModel) -> None:
+    model.replies = [(RAW, b'{"choices": [], "padding": "' + b"x" * (3 * 1024 * 1024) + b'"}')]
+    task = start()
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.FAILED, "planner_error")
+    assert "reply is larger than" in task.detail
+
+
+def test_without_a_key_no_authorization_is_sent(
+    model: StubModel, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local server (Ollama, vLLM) needs no key: none is made up, none read elsewhere."""
+    settings.LOOPGUARD_MODEL_API_KEY = ""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-meant-for-another-server-0123")
+    model.replies = list(THE_WHOLE_JOB)
+    task = start()
+
+    assert runner.drive(task.id) == "COMPLETED/goal_met"
+
+    assert [request["authorization"] for request in model.requests] == [None, None, None]
+
+
+def test_a_key_the_server_quotes_back_in_its_refusal_is_not_stored(
+    model: StubModel, settings: Any
+) -> None:
+    key = "4f1c2a9be07d43c8a6e5b1d0c9f8e7a6"  # an Azure-style key: no prefix gives it away
+    settings.LOOPGUARD_MODEL_API_KEY = key
+    model.replies = [(401, {"error": {"message": f"Incorrect API key provided: {key}."}})]
+    task = start()
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.FAILED, "planner_error")
+    assert "HTTP 401" in task.detail and "Incorrect API key provided" in task.detail
+    stored = json.dumps(
+        [task.detail, list(TraceEvent.objects.values()), StopReport.objects.get(task=task).report],
+        default=str,
+    )
+    assert key not in stored
+
+
+NEEDS_THE_EXTRA = "pip install 'loopguard[model]'"
+
+
+def test_without_the_openai_package_a_model_task_is_refused_naming_the_extra(
+    model: StubModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "openai", None)  # `import openai` fails, as if not installed
+
+    with pytest.raises(services.InvalidInput, match="openai package") as refused:
+        start()
+
+    assert NEEDS_THE_EXTRA in str(refused.value)
+    assert not Task.objects.exists()
+
+
+def test_a_task_queued_before_the_package_went_missing_fails_naming_the_extra(
+    model: StubModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model.replies = list(THE_WHOLE_JOB)
+    task = start()
+    monkeypatch.setitem(sys.modules, "openai", None)
+
+    runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.FAILED, "planner_error")
+    assert NEEDS_THE_EXTRA in task.detail
+    assert model.requests == []
+
+
+WITHOUT_OPENAI = """
+import sys
+
+sys.modules["openai"] = None  # what `import openai` meets when the package is not installed
+import django
+
+django.setup()
+from console.agents import agent_class
+
+agent = agent_class("support_desk_model")
+try:
+    agent.validate_input({"order": 42, "amount_cents": 1500, "reason": "damaged"})
+except ValueError as refused:
+    print(refused)
+"""
+
+
+def test_a_console_installed_without_the_extra_starts_and_says_what_to_install() -> None:
+    """A fresh process that never had ``openai``: the console and its agents load, and the
+    model agent refuses its task with the command that installs what it needs."""
+    done = subprocess.run(  # noqa: S603 - this interpreter, a fixed script
+        [sys.executable, "-c", WITHOUT_OPENAI],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert NEEDS_THE_EXTRA in done.stdout

@@ -60,9 +60,9 @@ class Command(BaseCommand):
         except ServiceError as exc:
             raise CommandError(str(exc)) from exc
         if options["wait"] and task.state == "QUEUED":
-            from console.runner import drive
+            from console.tasks import run_task
 
-            outcome = drive(task.id)
+            outcome = run_task(task.id)  # the Celery task's body, run here
             task.refresh_from_db()
             self.stdout.write(f"task {task.id}: {outcome}")
         self.stdout.write(str(task.id) if not options["wait"] else f"{task.state} {task.reason}")
