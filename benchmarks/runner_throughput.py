@@ -1,44 +1,74 @@
-"""Guarded steps per second of one in-process driver on PostgreSQL, against a raw psycopg loop.
+"""Guarded steps per second on PostgreSQL, against a raw loop of the same durability and DBOS.
 
-Run: ``.venv/bin/python benchmarks/runner_throughput.py [--steps N] [--quick]``.
+Run: ``.venv/bin/python benchmarks/runner_throughput.py [--steps N] [--rounds N] [--quick]``
+(``--help`` says what every column and row means).
 
 One *step* is one model call and one tool request; steps alternate between reading a desk
-page and sending a desk notice with its own operation key. The guarded side is
-``console.runner.drive`` in this process (no Celery), persisting every step as it does in a
-worker. The baseline, measured in the same run, is a bare psycopg loop on an autocommit
-connection doing the same business work, and for each write the same claim and commit on a
-bare ledger table of its own: one ``INSERT … ON CONFLICT … DO UPDATE … WHERE … RETURNING``
-to claim, one ``UPDATE … SET state = 'COMMITTED'`` to record.
+page and sending a desk notice with its own operation key. Every side below does that same
+mix, and every side's business statements are the same text (``_RAW_READ``, ``_RAW_SEND``):
 
-A third side, for reference, is that raw loop plus one synchronous commit per step of its
-number and last result (``_RAW_STEP``): the least a hand-written loop must commit to resume
-after a crash, which the guarded loop must do too (with its trace events and counters).
-The target (guarded ≥ 0.5x) is against the raw loop without it.
+- **guarded**: ``console.runner.drive`` driving one task in the worker process (no Celery),
+  persisting every step as it does in a Celery worker.
+- **(a) raw + step commit**: the yardstick. A bare psycopg loop on an autocommit connection;
+  for each write the same claim and record on a bare ledger table of its own (one
+  ``INSERT … ON CONFLICT … DO UPDATE … WHERE … RETURNING`` to claim, one ``UPDATE … SET
+  state = 'COMMITTED'`` to record), and after every step one synchronous commit of its number
+  and last result (``_RAW_STEP``): the least a hand-written loop must commit to resume after
+  a crash, which the guarded loop must do too (with its trace events and counters).
+- **raw, no step commit**: the same loop without ``_RAW_STEP``, for reference only: it is not
+  durable, so it judges nothing (the old ≥ 0.5x target against it is withdrawn).
+- **DBOS**: a DBOS Transact workflow (the optional ``bench`` extra) of the same mix, each
+  step a durable DBOS step: the read is a ``DBOS.step`` running ``_RAW_READ`` on a psycopg
+  connection of its own; the write is a transaction of a DBOS ``SQLAlchemyDatasource``
+  on the benchmark database (READ COMMITTED, as the guarded side), which sends the notice
+  and records the step's output in the same transaction, so a recovered workflow never sends
+  it twice. What differs: DBOS's idempotency is the workflow id and the step's number, not an
+  operation key in a ledger; it has no budgets, no loop detection, no stop fact and no trace;
+  its write runs the same statement text through SQLAlchemy (DBOS has no transactional step on
+  a bare psycopg connection); it starts its workflow inside the timed window (the guarded
+  task is created before it). Without the ``dbos`` package the column is skipped with a note.
 
-Every side sends the same business statements (``_RAW_READ``, ``_RAW_SEND``), prepared: the
-benchmark agent's tools run them on the driver's connection, so the difference between the
-sides is what LoopGuard adds, not how an agent's tools talk to their database.
+Each side runs at 1, 2 and 4 workers: separate processes (started once, each with Django set
+up, its own connections and, with DBOS, its own executor), each driving its own task or
+workflow of ``--steps`` steps, all released at once; steps/s is all workers' steps over the
+wall time from the release to the last worker's end. Sides are interleaved round by round so
+that a noisy spell hits each. Connections are opened and warm before the timed window.
 
 Database work per step is counted twice over. Client side, an ``execute_wrapper`` on every
-Django connection (the lease heartbeat's thread included) counts queries, and from the
-psycopg connection's transaction status the ``BEGIN`` and ``COMMIT`` the wrapper cannot see:
-round trips are the queries plus two per explicit transaction. Server side, the delta of
-``pg_stat_database.xact_commit`` for the benchmark database counts commits (every
-autocommit statement, reads included, is a transaction of its own there).
+Django connection (the lease heartbeat's thread included), a SQLAlchemy ``before_cursor_
+execute`` listener on every DBOS engine, and a count in the raw loops give statements; round
+trips add a ``BEGIN`` and a ``COMMIT`` for every explicit transaction. Server side, the delta
+of ``pg_stat_database.xact_commit`` over the benchmark database and DBOS's system database
+counts commits (every autocommit statement, reads included, is a transaction of its own
+there), and ``pg_stat_wal.wal_sync`` counts WAL flushes (server-wide: another database's
+traffic during the run counts too).
+
+CPU per step: client, each worker process's own CPU time (all its threads: the heartbeat,
+DBOS's background threads) over the window; server, the CPU time (``/proc/<pid>/schedstat``)
+of the PostgreSQL backends serving that process's connections over the window (read before
+the connections close; the WAL writer, checkpointer and autovacuum are not in it). When the
+server is not on this machine the server column reads n/a.
 
 Stop latency is the time from calling ``console.services.task_stop`` on a task whose driver
 is waiting on a ``PENDING`` result until its row reads ``CANCELLED``.
 
-Everything runs in a database of its own, created afresh and migrated at the start and
-dropped at the end. Nothing fails on a missed target; the numbers are printed.
+The server is ``DATABASE_URL``'s (default ``postgres://postgres@127.0.0.1:5432/loopguard``);
+the benchmark works in a database of its own there, ``<name>_throughput`` (and DBOS's system
+database ``<name>_throughput_dbos``), created afresh and migrated at the start and dropped at
+the end: the database ``DATABASE_URL`` names is never touched. Nothing fails on a missed
+target; the numbers are printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import importlib
+import importlib.util
 import itertools
 import logging
+import multiprocessing
 import os
 import re
 import statistics
@@ -47,11 +77,13 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -64,15 +96,49 @@ from console.agents.base import Agent, Tool
 from console.statements import fetch_one
 from guard import Call, Evidence, Finish, Kind, Result, Settlement
 
-SERVER = "postgres://postgres@127.0.0.1:5432"
-DATABASE = "loopguard_bench"
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/loopguard"
 COLLECTION = "bench"
 MIX_AGENT = "bench_read_write"
 WAIT_AGENT = "bench_waiter"
-RAW = "raw psycopg"
-RAW_STEP_COMMIT = "raw + step commit"
+GUARDED = "guarded"
+RAW_STEP_COMMIT = "(a) raw+step commit"
+RAW = "raw, no step commit"
+DBOS = "DBOS"
+SIDES = (GUARDED, RAW_STEP_COMMIT, RAW, DBOS)
+SHORT = {RAW_STEP_COMMIT: "(a)", DBOS: DBOS}
+WORKERS = (1, 2, 4)
 STOP_ROUNDS = 5
 PROFILE_STEPS = 40  # steps in the attributed run that breaks queries down by caller
+TARGET = 0.75  # issue 9: the guarded step against (a), at one worker
+
+COLUMNS = f"""\
+sides (columns):
+  {GUARDED:<22}console.runner.drive over one task per worker, every step persisted
+  {RAW_STEP_COMMIT:<22}the yardstick: bare psycopg, ledger claim + record per write, and
+  {"":<22}one synchronous commit of the step per step (same durability)
+  {RAW:<22}the same loop without the step commit: not durable, reference only
+  {DBOS:<22}a DBOS Transact workflow: read = DBOS.step, write = datasource
+  {"":<22}transaction (notice + step output in one commit); needs the bench extra
+
+rows, for each number of workers (separate processes, released together):
+  steps/s                all workers' steps / wall time (median of the rounds)
+  ms/step                wall time / steps of one worker: one step as a worker sees it
+                         (median of the rounds)
+  client CPU ms/step     the worker processes' CPU time (all threads) / steps
+  server CPU ms/step     CPU time of the PostgreSQL backends serving the workers'
+                         connections (/proc/<pid>/schedstat) / steps; n/a off this machine
+  statements/step        statements the client sent (execute_wrapper, SQLAlchemy listener,
+                         raw counts), the heartbeat's and DBOS's background threads' included
+  round trips/step       statements + a BEGIN and a COMMIT per explicit transaction
+  commits/step           pg_stat_database.xact_commit delta, benchmark database (+ DBOS's
+                         system database, less its executors' idle polling, for DBOS)
+  WAL flushes/step       pg_stat_wal.wal_sync delta (server-wide, so other traffic counts)
+  guarded / (a), guarded / DBOS   ratio of steps/s (> 1: guarded is faster), then
+                         the CPU ms/step (client + server) of each side
+
+Every number moves with the machine's load (printed): on a shared machine, compare the
+sides of one run, not one run with another.
+"""
 
 # -- agents ------------------------------------------------------------------------------------
 
@@ -205,7 +271,10 @@ _VERB = re.compile(
 _PART = re.compile(r"(?<!DO )\b(UPDATE|INSERT INTO|DELETE FROM)\s+\"?(\w+)\"?", re.IGNORECASE)
 _TABLE = re.compile(r'\b(?:FROM|INTO|UPDATE)\s+"?(\w+)"?', re.IGNORECASE)
 _PACKAGES = (f"{os.sep}console{os.sep}", f"{os.sep}guard{os.sep}")
-_ONE_OFF = frozenset({"_acquire", "_Driver._finish", "Guard._stop", "_Heartbeat.run"})
+# Taking the lease was ``_acquire`` in the runner; the task lifecycle's ``start_drive`` now.
+_ONE_OFF = frozenset(
+    {"_acquire", "start_drive", "_Driver._finish", "Guard._stop", "_Heartbeat.run"}
+)
 
 
 def statement_shape(text: str) -> str:
@@ -282,6 +351,7 @@ class QueryLog:
         self.autocommits = 0
         self.by_thread: Counter[str] = Counter()
         self.by_caller: Counter[tuple[str, str, str]] = Counter()
+        self.backends: set[int] = set()  # the PostgreSQL backends of every connection
 
     def start(self, *, attribute: bool = False) -> None:
         """Reset the counts and record from now on."""
@@ -339,7 +409,10 @@ class QueryLog:
 
 
 def install(log: QueryLog) -> None:
-    """Put ``log`` on this thread's connection and on every connection opened from now on."""
+    """Put ``log`` on this thread's connection and on every connection opened from now on.
+
+    Also notes each connection's backend, whose CPU time the run is charged.
+    """
     from django.db import connections
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.signals import connection_created
@@ -347,6 +420,8 @@ def install(log: QueryLog) -> None:
     def add(wrapper: BaseDatabaseWrapper) -> None:
         if not any(w is log for w in wrapper.execute_wrappers):
             wrapper.execute_wrappers.append(log)
+        if wrapper.connection is not None:
+            log.backends.add(int(wrapper.connection.info.backend_pid))
 
     def on_connect(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
         add(connection)
@@ -356,41 +431,111 @@ def install(log: QueryLog) -> None:
         add(wrapper)
 
 
-class ServerStats:
-    """``xact_commit`` of the benchmark database, and the server's WAL flushes
-    (``pg_stat_wal.wal_sync``: commits that waited for the disk, and the WAL writer's own
-    flushes), read from a session on another database.
+def backend_cpu(pid: int) -> float | None:
+    """CPU seconds a PostgreSQL backend on this machine has used (None: not ours to see)."""
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            if comm.read().strip() != "postgres":
+                return None
+        with open(f"/proc/{pid}/schedstat") as schedstat:
+            return int(schedstat.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
-    The reader sits in ``postgres`` so that its own statements never count. A backend
-    flushes its statistics at most once a second while alive and always when it exits,
-    so callers close their connections first and the reader waits for the value to settle.
+
+class BackendClock:
+    """The CPU time of the backends serving a process's connections, over a window.
+
+    A backend that connects inside the window started from nothing (a fork of the
+    postmaster); one that disconnects inside it is lost, and counted in ``lost``.
     """
 
-    def __init__(self, server: str, database: str) -> None:
-        self._conn = psycopg.connect(f"{server}/postgres", autocommit=True)
-        self._database = database
+    def __init__(self, backends: set[int]) -> None:
+        self._backends = backends
+        self._start: dict[int, float] = {}
+        self._known: set[int] = set()
 
-    def _read(self) -> tuple[int, int]:
+    def start(self) -> None:
+        """Read every known backend's CPU time now."""
+        self._known = set(self._backends)
+        self._start = {}
+        for pid in self._known:
+            cpu = backend_cpu(pid)
+            if cpu is not None:
+                self._start[pid] = cpu
+
+    def stop(self) -> tuple[float | None, int]:
+        """CPU seconds since ``start`` and how many backends went unread (None: none read)."""
+        total, read, lost = 0.0, 0, 0
+        for pid in set(self._backends):
+            if pid in self._known and pid not in self._start:
+                continue  # gone (or not on this machine) before the window
+            cpu = backend_cpu(pid)
+            if cpu is None:
+                lost += 1
+                continue
+            total += cpu - self._start.get(pid, 0.0)
+            read += 1
+        return (total if read else None), lost
+
+
+@dataclass(frozen=True)
+class Counts:
+    """The server's counters at one moment (see ``ServerStats``)."""
+
+    commits: int = 0
+    system_commits: int = 0
+    wal_flushes: int = 0
+    idle_rate: float = 0.0  # commits a second in DBOS's system database, nothing running
+    at: float = 0.0  # time.monotonic() of the reading
+
+
+class ServerStats:
+    """``xact_commit`` of the benchmark's databases, and the server's WAL flushes
+    (``pg_stat_wal.wal_sync``: commits that waited for the disk, and the WAL writer's own
+    flushes), read from a session on another database (``postgres``).
+
+    The reader sits elsewhere so that its own statements never count. A backend
+    flushes its statistics at most once a second while alive (and within a second of going
+    idle), so the reader waits for the values to hold still for longer than that.
+    """
+
+    SETTLED_S = 1.2
+
+    def __init__(self, server_url: str, database: str, system_database: str) -> None:
+        self._conn = psycopg.connect(server_url, autocommit=True)
+        self._database = database
+        self._system_database = system_database
+
+    def _read(self) -> tuple[int, int, int]:
         self._conn.execute("SELECT pg_stat_clear_snapshot()")
         row = self._conn.execute(
-            "SELECT xact_commit, (SELECT wal_sync FROM pg_stat_wal) FROM pg_stat_database"
-            " WHERE datname = %s",
-            [self._database],
+            "SELECT coalesce(sum(xact_commit) FILTER (WHERE datname = %s), 0),"
+            " coalesce(sum(xact_commit) FILTER (WHERE datname = %s), 0),"
+            " (SELECT wal_sync FROM pg_stat_wal) FROM pg_stat_database",
+            [self._database, self._system_database],
         ).fetchone()
         if row is None:
-            raise RuntimeError(f"no statistics for database {self._database}")
-        return int(row[0]), int(row[1])
+            raise RuntimeError("no statistics from pg_stat_database")
+        return int(row[0]), int(row[1]), int(row[2])
 
-    def commits(self) -> tuple[int, int]:
-        """The settled commit and WAL flush counts (unchanged over 100 ms; at most 5 s)."""
-        last = self._read()
-        for _ in range(50):
+    def commits(self) -> Counts:
+        """Commits in the benchmark database once settled (unchanged for SETTLED_S, at most
+        8 s), then in DBOS's system database and the server's WAL flushes as they are: an
+        idle DBOS executor polls its queues several times a second, so those never settle;
+        how fast the system database's count rose meanwhile is ``idle_rate``."""
+        first = last = self._read()
+        began = since = time.monotonic()
+        while since < began + 8:
             time.sleep(0.1)
-            now = self._read()
-            if now == last:
-                return now
-            last = now
-        return last
+            reading = self._read()
+            if reading[0] != last[0]:
+                since = time.monotonic()
+            last = reading
+            if time.monotonic() - since >= self.SETTLED_S:
+                break
+        at = time.monotonic()
+        return Counts(last[0], last[1], last[2], (last[1] - first[1]) / (at - began), at)
 
     def close(self) -> None:
         """Close the reader's session."""
@@ -401,33 +546,83 @@ class ServerStats:
 
 
 @dataclass
-class Run:
-    """One measured run: how long it took and what it asked of the database."""
+class WorkerRun:
+    """What one worker process did in one timed window."""
 
     steps: int
-    seconds: float
-    queries: int
+    started: float  # time.perf_counter(): CLOCK_MONOTONIC, the same in every process
+    finished: float
+    cpu_seconds: float
+    server_cpu_seconds: float | None
+    lost_backends: int
+    statements: int
     round_trips: int
-    transactions: int
+    background_statements: int = 0  # the heartbeat's, or DBOS's own threads'
+    step_seconds: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Run:
+    """One measured run of one side at some number of workers, all workers summed."""
+
+    workers: int
+    steps: int  # all workers' steps
+    seconds: float  # from the first worker's release to the last one's end
+    statements: int
+    round_trips: int
     server_commits: int
     disk_flushes: int
     cpu_seconds: float
-    heartbeat_queries: int = 0
+    server_cpu_seconds: float | None
+    lost_backends: int
+    background_statements: int
     step_seconds: list[float] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
-        """Steps per second."""
+        """Steps per second, all workers together."""
         return self.steps / self.seconds
+
+    @property
+    def ms_per_step(self) -> float:
+        """Milliseconds one step takes as one worker sees it."""
+        return 1000 * self.seconds * self.workers / self.steps
 
 
 def _no_enqueue(task_id: int) -> None:
     """The benchmark drives its tasks itself."""
 
 
-def guarded(url: str, steps: int, log: QueryLog, stats: ServerStats, *, attribute: bool) -> Run:
-    """Drive one task of ``steps`` steps in this thread; counts cover ``drive`` only."""
-    from django.db import connections
+Window = Callable[[], WorkerRun]  # a prepared run: call it to run the timed part
+
+
+def _timed(
+    steps: int,
+    clock: BackendClock,
+    work: Callable[[], tuple[int, int, int]],
+) -> WorkerRun:
+    """Run ``work`` (which returns statements, round trips, background statements) timed."""
+    clock.start()
+    cpu, started = time.process_time(), time.perf_counter()
+    statements, round_trips, background = work()
+    finished, cpu = time.perf_counter(), time.process_time() - cpu
+    server_cpu, lost = clock.stop()
+    return WorkerRun(
+        steps=steps,
+        started=started,
+        finished=finished,
+        cpu_seconds=cpu,
+        server_cpu_seconds=server_cpu,
+        lost_backends=lost,
+        statements=statements,
+        round_trips=round_trips,
+        background_statements=background,
+    )
+
+
+def prepare_guarded(url: str, steps: int, log: QueryLog, *, attribute: bool = False) -> Window:
+    """A task of ``steps`` steps, created and ready to drive; the window covers ``drive``."""
+    from django.db import connection, connections
 
     from console.runner import drive
     from console.services import task_start
@@ -440,39 +635,37 @@ def guarded(url: str, steps: int, log: QueryLog, stats: ServerStats, *, attribut
         enqueue=_no_enqueue,
     )
     task_id = int(task.pk)
-    connections.close_all()  # the drive opens its own connection, as the raw loop does
-    before = stats.commits()
-    _probe.plan_times.clear()
-    _probe.kind = "read"
-    log.start(attribute=attribute)
-    cpu, started = time.process_time(), time.perf_counter()
-    outcome = drive(task_id)
-    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
-    log.stop()
+    # The driver's connection: opened before the window, its backend known. A new one,
+    # as for (a) and DBOS: a backend sends its first statistics at once, and all of them
+    # when it exits, so closing it after the window makes the server's counts exact.
     connections.close_all()
-    after = stats.commits()
-    if outcome != "COMPLETED/goal_met":
-        raise SystemExit(f"the guarded run ended {outcome}, not COMPLETED/goal_met")
-    with psycopg.connect(url, autocommit=True) as check:
-        row = check.execute(
-            "SELECT count(*) FROM desk_notice WHERE idempotency_key LIKE %s",
-            [f"bench-{run_id}-notice-%"],
-        ).fetchone()
-    if row is None or row[0] != steps // 2:
-        raise SystemExit(f"the guarded run sent {row} notices, expected {steps // 2}")
-    times = _probe.plan_times
-    return Run(
-        steps=steps,
-        seconds=seconds,
-        queries=log.queries,
-        round_trips=log.round_trips,
-        transactions=log.transactions,
-        server_commits=after[0] - before[0],
-        disk_flushes=after[1] - before[1],
-        cpu_seconds=cpu,
-        heartbeat_queries=log.by_thread["heartbeat"],
-        step_seconds=[b - a for a, b in itertools.pairwise(times)],
-    )
+    connection.ensure_connection()
+    clock = BackendClock(log.backends)
+
+    def work() -> tuple[int, int, int]:
+        _probe.plan_times.clear()
+        _probe.kind = "read"
+        log.start(attribute=attribute)
+        outcome = drive(task_id)
+        log.stop()
+        if outcome != "COMPLETED/goal_met":
+            raise SystemExit(f"the guarded run ended {outcome}, not COMPLETED/goal_met")
+        return log.queries, log.round_trips, log.by_thread["heartbeat"]
+
+    def window() -> WorkerRun:
+        run = _timed(steps, clock, work)
+        connections.close_all()
+        with psycopg.connect(url, autocommit=True) as check:
+            row = check.execute(
+                "SELECT count(*) FROM desk_notice WHERE idempotency_key LIKE %s",
+                [f"bench-{run_id}-notice-%"],
+            ).fetchone()
+        if row is None or row[0] != steps // 2:
+            raise SystemExit(f"the guarded run sent {row} notices, expected {steps // 2}")
+        run.step_seconds = [b - a for a, b in itertools.pairwise(_probe.plan_times)]
+        return run
+
+    return window
 
 
 _RAW_CLAIM = """
@@ -495,23 +688,22 @@ INSERT INTO desk_notice (order_id, recipient, text, idempotency_key, created_at)
 VALUES (NULL, %s, %s, %s, now())
 RETURNING id
 """
+_RAW_STEP = "UPDATE bench_progress SET step = %s, state = %s WHERE id = %s"
 
 
-_RAW_STEP = "UPDATE bench_progress SET step = %s, state = %s WHERE id = 1"
-
-
-def raw(url: str, steps: int, stats: ServerStats, *, step_commit: bool = False) -> Run:
+def prepare_raw(url: str, steps: int, worker: int, *, step_commit: bool) -> Window:
     """The same business work, claims and commits with bare psycopg, autocommit.
 
     ``step_commit``: the reference loop that could resume after a crash, which also
     commits each step before the next (``_RAW_STEP``: its number and its last result,
-    one row, synchronous), as the guarded loop must.
+    one row per worker, synchronous), as the guarded loop must.
     """
     run_id = uuid.uuid4().hex[:12]
-    before = stats.commits()
-    queries = 0
-    cpu, started = time.process_time(), time.perf_counter()
-    with psycopg.connect(url, autocommit=True) as conn:
+    conn = psycopg.connect(url, autocommit=True)  # closed after the window, see guarded
+    clock = BackendClock({int(conn.info.backend_pid)})
+
+    def work() -> tuple[int, int, int]:
+        queries = 0
         for n in range(1, steps + 1):
             if n % 2:
                 page = conn.execute(_RAW_READ, [COLLECTION, (n + 1) // 2]).fetchone()
@@ -531,14 +723,285 @@ def raw(url: str, steps: int, stats: ServerStats, *, step_commit: bool = False) 
                 conn.execute(_RAW_RECORD, [Jsonb({"kind": "SUCCESS", "data": outcome}), key])
                 queries += 3
             if step_commit:
-                conn.execute(_RAW_STEP, [n, Jsonb({"step": n, "observation": outcome})])
+                step = Jsonb({"step": n, "observation": outcome})
+                conn.execute(_RAW_STEP, [n, step, worker + 1])
                 queries += 1
-    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
-    after = stats.commits()
-    # Autocommit: every statement is one round trip and one transaction. (psycopg also
-    # prepares each statement after its 5th use, one extra round trip apiece.)
-    commits, flushes = after[0] - before[0], after[1] - before[1]
-    return Run(steps, seconds, queries, queries, queries, commits, flushes, cpu)
+        # Autocommit: every statement is one round trip and one transaction. (psycopg also
+        # prepares each statement after its 5th use on a connection, once.)
+        return queries, queries, 0
+
+    def window() -> WorkerRun:
+        try:
+            return _timed(steps, clock, work)
+        finally:
+            conn.close()
+
+    return window
+
+
+class DbosWorkflow:
+    """The peer: a DBOS Transact workflow of the same mix, in this process's DBOS executor.
+
+    ``dbos`` and ``sqlalchemy`` are loaded by name: they are the optional ``bench`` extra,
+    and a type check without them installed still has to pass.
+    """
+
+    def __init__(self, url: str, system_url: str, worker: int) -> None:
+        dbos: Any = importlib.import_module("dbos")
+        sa: Any = importlib.import_module("sqlalchemy")
+        self.recording = False
+        self.statements = self.transactions = self.background = 0
+        self.backends: set[int] = set()
+        self._main = threading.get_ident()
+        self._set_workflow_id = dbos.SetWorkflowID
+
+        def on_execute(*args: Any) -> None:
+            if self.recording:
+                self.statements += 1
+                self.background += threading.get_ident() != self._main
+
+        def on_commit(*args: Any) -> None:
+            if self.recording:
+                self.transactions += 1
+
+        def on_connect(dbapi_connection: Any, record: Any) -> None:
+            self.backends.add(int(dbapi_connection.info.backend_pid))
+
+        # Every engine DBOS makes (system database, datasource): listeners on the class.
+        sa.event.listen(sa.Engine, "before_cursor_execute", on_execute)
+        sa.event.listen(sa.Engine, "commit", on_commit)
+        sa.event.listen(sa.Engine, "connect", on_connect)
+        self._url = url
+        self._instance = dbos.DBOS(
+            config={
+                "name": "loopguard-bench",
+                "system_database_url": system_url,
+                "executor_id": f"bench-worker-{worker}",
+                "log_level": "WARNING",
+            }
+        )
+        datasource = self._datasource = dbos.SQLAlchemyDatasource.create(url)
+        self.conn = psycopg.connect(url, autocommit=True)  # the read step's, as (a)'s
+        text = sa.text(
+            "INSERT INTO desk_notice (order_id, recipient, text, idempotency_key, created_at)"
+            " VALUES (NULL, :recipient, :text, :key, now()) RETURNING id"
+        )
+        reads = [0]
+
+        def read_page(number: int) -> dict[str, Any]:
+            page = self.conn.execute(_RAW_READ, [COLLECTION, number]).fetchone()
+            reads[0] += 1
+            if page is None:
+                raise RuntimeError(f"page {number} is missing")
+            return {"page": page[0], "items": page[1]}
+
+        def send_notice(body: str, key: str) -> dict[str, Any]:
+            session = datasource.sql_session()
+            params = {"recipient": "ops@example.com", "text": body, "key": key}
+            return {"notice": session.execute(text, params).scalar_one()}
+
+        step = dbos.DBOS.step(name="bench_read_page")(read_page)
+        transaction = datasource.transaction(
+            name="bench_send_notice", isolation_level="READ COMMITTED"
+        )(send_notice)
+
+        def mix(run: str, steps: int) -> int:
+            for n in range(1, steps + 1):
+                if n % 2:
+                    step((n + 1) // 2)
+                else:
+                    transaction(f"benchmark notice {n}", f"dbos-{run}-notice-{n}")
+            return steps
+
+        self._reads = reads
+        self._mix = dbos.DBOS.workflow(name="bench_read_write")(mix)
+        dbos.DBOS.launch()
+        self._dbos = dbos.DBOS
+
+    def prepare(self, steps: int) -> Window:
+        """A workflow of ``steps`` steps ready to start; the window covers all of it."""
+        run_id = uuid.uuid4().hex[:12]
+        # Fresh connections, warm before the window, closed after it (see guarded).
+        self.conn = psycopg.connect(self._url, autocommit=True)
+        self.backends.add(int(self.conn.info.backend_pid))
+        for engine in self._engines():
+            with engine.connect() as warm:
+                warm.exec_driver_sql("SELECT 1")
+        clock = BackendClock(self.backends)
+
+        def work() -> tuple[int, int, int]:
+            self.statements = self.transactions = self.background = 0
+            self._reads[0] = 0
+            self.recording = True
+            with self._set_workflow_id(f"bench-{run_id}"):
+                done = self._mix(run_id, steps)
+            self.recording = False
+            if done != steps:
+                raise SystemExit(f"the DBOS workflow returned {done}, expected {steps}")
+            statements = self.statements + self._reads[0]
+            return statements, statements + 2 * self.transactions, self.background
+
+        def window() -> WorkerRun:
+            run = _timed(steps, clock, work)
+            row = self.conn.execute(
+                "SELECT count(*) FROM desk_notice WHERE idempotency_key LIKE %s",
+                [f"dbos-{run_id}-notice-%"],
+            ).fetchone()
+            self.conn.close()
+            for engine in self._engines():
+                engine.dispose()  # DBOS's background threads connect again as they need
+            if row is None or row[0] != steps // 2:
+                raise SystemExit(f"the DBOS run sent {row} notices, expected {steps // 2}")
+            return run
+
+        return window
+
+    def _engines(self) -> list[Any]:
+        # The system database's engine is not public API; the datasource's is.
+        return [self._datasource.engine, self._instance._sys_db.engine]
+
+    def close(self) -> None:
+        """Stop this process's DBOS executor."""
+        self._dbos.destroy()
+        self.conn.close()
+
+
+# -- the worker processes --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """One worker's part of one run: which side, how many steps."""
+
+    side: str
+    steps: int
+
+
+def setup_django(url: str) -> None:
+    """Set Django up on ``url`` with the benchmark's agents, as a worker would run."""
+    os.environ["DJANGO_SETTINGS_MODULE"] = "console.project.settings"
+    os.environ["DATABASE_URL"] = url
+    import django
+    from django.conf import settings
+
+    django.setup()
+    # As in production: with DEBUG on, Django also records and formats every query,
+    # which costs the driver more than the database does.
+    settings.DEBUG = False
+    logging.getLogger("console").setLevel(logging.WARNING)  # one line per task otherwise
+    settings.LOOPGUARD_AGENTS = {
+        **settings.LOOPGUARD_AGENTS,
+        MIX_AGENT: _path(ReadWriteMix),
+        WAIT_AGENT: _path(Waiter),
+    }
+
+
+def worker_main(pipe: Connection, url: str, system_url: str | None, worker: int) -> None:
+    """A worker process: prepare a job, report ready, run it on "go", report what it did."""
+    setup_django(url)
+    log = QueryLog()
+    install(log)
+    peer = DbosWorkflow(url, system_url, worker) if system_url else None
+    pipe.send("ready")
+    try:
+        while (job := pipe.recv()) is not None:
+            assert isinstance(job, Job)  # noqa: S101 (our own pipe)
+            if job.side == GUARDED:
+                window = prepare_guarded(url, job.steps, log)
+            elif job.side in (RAW, RAW_STEP_COMMIT):
+                window = prepare_raw(url, job.steps, worker, step_commit=job.side != RAW)
+            elif peer is not None:
+                window = peer.prepare(job.steps)
+            else:
+                raise SystemExit(f"worker {worker} has no DBOS executor")
+            pipe.send("ready")
+            if pipe.recv() != "go":
+                return
+            pipe.send(window())
+    finally:
+        if peer is not None:
+            peer.close()
+
+
+class Pool:
+    """Worker processes, started one after another (DBOS migrates its schema on launch)."""
+
+    def __init__(self, url: str, system_url: str | None, size: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._pipes: list[Connection] = []
+        self._processes: list[multiprocessing.process.BaseProcess] = []
+        for worker in range(size):
+            ours, theirs = context.Pipe()
+            process = context.Process(
+                target=worker_main,
+                args=(theirs, url, system_url, worker),
+                name=f"bench-worker-{worker}",
+                daemon=True,
+            )
+            process.start()
+            self._pipes.append(ours)
+            self._processes.append(process)
+            self._expect(ours, "ready")
+
+    def _expect(self, pipe: Connection, what: str) -> Any:
+        try:
+            if not pipe.poll(120):
+                raise SystemExit(f"a worker did not answer in 120 s (waiting for {what!r})")
+            message = pipe.recv()
+        except (EOFError, ConnectionError) as exc:
+            raise SystemExit("a worker died (its error is above)") from exc
+        if what and message != what:
+            raise SystemExit(f"a worker answered {message!r}, not {what!r}")
+        return message
+
+    def run(
+        self, side: str, workers: int, steps: int, stats: ServerStats, *, measure: bool = True
+    ) -> Run:
+        """One run of ``side`` on the first ``workers`` workers, released together.
+
+        ``measure=False`` skips waiting for the server's counts to settle (a warm-up).
+        """
+        pipes = self._pipes[:workers]
+        for pipe in pipes:
+            pipe.send(Job(side, steps))
+        for pipe in pipes:
+            self._expect(pipe, "ready")
+        before = stats.commits() if measure else Counts()
+        for pipe in pipes:
+            pipe.send("go")
+        parts: list[WorkerRun] = [self._expect(pipe, "") for pipe in pipes]
+        after = stats.commits() if measure else Counts()
+        seconds = max(p.finished for p in parts) - min(p.started for p in parts)
+        commits = after.commits - before.commits
+        if side == DBOS:
+            # Less what every DBOS executor's idle polling committed between the readings.
+            polling = before.idle_rate * (after.at - before.at)
+            commits += after.system_commits - before.system_commits - round(polling)
+        server_cpu = [p.server_cpu_seconds for p in parts]
+        return Run(
+            workers=workers,
+            steps=sum(p.steps for p in parts),
+            seconds=seconds,
+            statements=sum(p.statements for p in parts),
+            round_trips=sum(p.round_trips for p in parts),
+            server_commits=commits,
+            disk_flushes=after.wal_flushes - before.wal_flushes,
+            cpu_seconds=sum(p.cpu_seconds for p in parts),
+            server_cpu_seconds=None if None in server_cpu else sum(c or 0.0 for c in server_cpu),
+            lost_backends=sum(p.lost_backends for p in parts),
+            background_statements=sum(p.background_statements for p in parts),
+            step_seconds=[s for p in parts for s in p.step_seconds],
+        )
+
+    def close(self) -> None:
+        """Tell every worker to finish, and wait for it (a dead one is only waited for)."""
+        for pipe in self._pipes:
+            with contextlib.suppress(OSError):  # it died: its error is above
+                pipe.send(None)
+        for process in self._processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
 
 
 def stop_latencies(url: str, rounds: int) -> list[float]:
@@ -608,9 +1071,34 @@ def _poll(conn: psycopg.Connection[Any], query: str, params: Sequence[Any], *, w
 # -- the database ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Databases:
+    """Where the benchmark works: ``DATABASE_URL``'s server, in databases of its own."""
+
+    server: str  # a URL of the server's ``postgres`` database, for the administrative work
+    url: str  # the benchmark database
+    system_url: str  # DBOS's system database
+    name: str
+    system_name: str
+
+    @classmethod
+    def from_url(cls, database_url: str) -> Databases:
+        """The benchmark's databases beside the one ``database_url`` names (never it)."""
+        parts = urlsplit(database_url)
+        if parts.scheme not in ("postgres", "postgresql"):
+            raise SystemExit(f"DATABASE_URL must be a PostgreSQL URL, not {parts.scheme}://…")
+        base = parts.path.lstrip("/") or "loopguard"
+        name, system_name = f"{base}_throughput", f"{base}_throughput_dbos"
+
+        def on(database: str) -> str:
+            return urlunsplit(parts._replace(path=f"/{database}"))
+
+        return cls(on("postgres"), on(name), on(system_name), name, system_name)
+
+
 def recreate(server: str, database: str) -> None:
     """Drop ``database`` if it exists (closing its sessions) and create it empty."""
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+    with psycopg.connect(server, autocommit=True) as admin:
         name = sql.Identifier(database)
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
         admin.execute(sql.SQL("CREATE DATABASE {}").format(name))
@@ -618,13 +1106,13 @@ def recreate(server: str, database: str) -> None:
 
 def drop(server: str, database: str) -> None:
     """Drop ``database``, closing whatever sessions are left on it."""
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+    with psycopg.connect(server, autocommit=True) as admin:
         name = sql.Identifier(database)
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
 
 
-def prepare(url: str, pages: int) -> None:
-    """Seed the pages both sides read and create the raw loop's ledger table."""
+def prepare(url: str, pages: int, workers: int) -> None:
+    """Seed the pages every side reads and create the raw loops' tables."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             """
@@ -642,7 +1130,11 @@ def prepare(url: str, pages: int) -> None:
             CREATE TABLE bench_progress (id integer PRIMARY KEY, step integer, state jsonb)
             """
         )
-        conn.execute("INSERT INTO bench_progress VALUES (1, 0, NULL)")
+        # One row per worker: the step commit of one loop never waits on another's row.
+        conn.execute(
+            "INSERT INTO bench_progress SELECT n, 0, NULL FROM generate_series(1, %s) AS n",
+            [workers],
+        )
         conn.execute(
             """
             CREATE TABLE bench_ledger (
@@ -701,7 +1193,7 @@ def _median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def _segment_ms(runs: Sequence[Run]) -> tuple[float, float]:
+def _segment_ms(runs: Iterable[Run]) -> tuple[float, float]:
     """Median ms per step over the first and the last quarter of the guarded runs' steps."""
     first: list[float] = []
     last: list[float] = []
@@ -712,63 +1204,131 @@ def _segment_ms(runs: Sequence[Run]) -> tuple[float, float]:
     return _median(first) * 1000, _median(last) * 1000
 
 
+Results = Mapping[int, Mapping[str, Sequence[Run]]]  # workers → side → its runs
+
+
+def _row(runs: Sequence[Run], label: str) -> str:
+    """One cell: the median rate's numbers, or every run's totals over every run's steps."""
+    steps = sum(r.steps for r in runs)
+    rate = _median([r.rate for r in runs])
+    if label == "steps/s":
+        return f"{rate:.1f}"
+    if label == "ms/step":
+        return f"{_median([r.ms_per_step for r in runs]):.2f}"
+    if label == "client CPU ms/step":
+        return f"{sum(r.cpu_seconds for r in runs) / steps * 1000:.3f}"
+    if label == "server CPU ms/step":
+        if any(r.server_cpu_seconds is None for r in runs):
+            return "n/a"
+        return f"{sum(r.server_cpu_seconds or 0.0 for r in runs) / steps * 1000:.3f}"
+    value = {
+        "statements/step": sum(r.statements for r in runs),
+        "round trips/step": sum(r.round_trips for r in runs),
+        "commits/step": sum(r.server_commits for r in runs),
+        "WAL flushes/step": sum(r.disk_flushes for r in runs),
+    }[label]
+    return f"{value / steps:.2f}"
+
+
+def _cpu_ms(runs: Sequence[Run]) -> str:
+    """Client and server CPU ms per step, as ``client + server``."""
+    client, server = _row(runs, "client CPU ms/step"), _row(runs, "server CPU ms/step")
+    return f"{client} + {server}"
+
+
+ROWS = (
+    "steps/s",
+    "ms/step",
+    "client CPU ms/step",
+    "server CPU ms/step",
+    "statements/step",
+    "round trips/step",
+    "commits/step",
+    "WAL flushes/step",
+)
+
+
 def print_report(
     facts: Mapping[str, str],
     steps: int,
     rounds: int,
-    sides: Mapping[str, Sequence[Run]],
-    stops: Sequence[float],
-    task_rows: TaskRowFacts,
+    results: Results,
+    notes: Sequence[str],
+    load: tuple[float, float],
 ) -> None:
-    """The summary table: one column per side, guarded first, then the ratios."""
-    rates = {name: _median([r.rate for r in runs]) for name, runs in sides.items()}
-    total = rounds * steps
+    """The summary table: one column per side, one block of rows per number of workers."""
+    import console
 
-    def per_step(value: Callable[[Run], float], scale: float = 1.0) -> list[str]:
-        return [f"{sum(value(r) for r in runs) / total * scale:.2f}" for runs in sides.values()]
-
-    guarded_runs = sides["guarded"]
-    first, last = _segment_ms(guarded_runs)
-    heartbeat = sum(r.heartbeat_queries for r in guarded_runs)
-    stop_median, stop_max = _median(stops), max(stops)
-    rows = [
-        ("steps/s (median of runs)", [f"{rate:.1f}" for rate in rates.values()]),
-        ("ms/step", [f"{1000 / rate:.2f}" for rate in rates.values()]),
-        ("CPU ms/step in this process", per_step(lambda r: r.cpu_seconds, 1000)),
-        ("queries/step (execute_wrapper)", per_step(lambda r: r.queries)),
-        ("round trips/step (+BEGIN/COMMIT)", per_step(lambda r: r.round_trips)),
-        ("transactions/step (client side)", per_step(lambda r: r.transactions)),
-        ("commits/step (server xact_commit)", per_step(lambda r: r.server_commits)),
-        ("WAL flushes/step (pg_stat_wal)", per_step(lambda r: r.disk_flushes)),
-    ]
-    stop_met = "met" if stop_max < 1.0 else "NOT met"
+    sides = [side for side in SIDES if any(side in by_side for by_side in results.values())]
     print(
         f"python {sys.version.split()[0]}; PostgreSQL {facts['server_version']} "
         f"(fsync={facts['fsync']}, synchronous_commit={facts['synchronous_commit']}); "
-        f"{steps} steps per run ({(steps + 1) // 2} page reads, {steps // 2} notice sends); "
-        f"{rounds} run(s) per side"
+        f"{os.cpu_count()} CPUs (load average {load[0]:.1f} at the start, {load[1]:.1f} at the "
+        f"end); code: {Path(console.__file__).resolve().parent.parent}"
     )
-    print(f"{'':<36}" + "".join(f" {name:>20}" for name in sides))
-    for label, values in rows:
-        print(f"{label:<36}" + "".join(f" {value:>20}" for value in values))
-    for name, rate in rates.items():
-        if name == "guarded":
-            continue
-        ratio = rates["guarded"] / rate
-        target = f" (target ≥ 0.5x: {'met' if ratio >= 0.5 else 'NOT met'})" if name == RAW else ""
-        print(f"ratio guarded / {name}: {ratio:.2f}x{target}")
     print(
-        f"guarded ms/step, first vs last quarter of a run: {first:.2f} → {last:.2f} "
+        f"{steps} steps per worker per run ({(steps + 1) // 2} page reads, {steps // 2} "
+        f"notice sends); {rounds} round(s), sides interleaved; server CPU: the run's own "
+        "backends, /proc/<pid>/schedstat"
+    )
+    for note in notes:
+        print(note)
+    width = 21
+    print(f"{'':<30}" + "".join(f" {side:>{width}}" for side in sides))
+    for workers, by_side in results.items():
+        plural = "worker" if workers == 1 else "workers"
+        for i, label in enumerate(ROWS):
+            head = f"{workers} {plural}" if i == 0 else ""
+            cells = [_row(by_side[side], label) if side in by_side else "-" for side in sides]
+            print(f"{head:<10}{label:<20}" + "".join(f" {cell:>{width}}" for cell in cells))
+    print()
+    for workers, by_side in results.items():
+        rate = {side: _median([r.rate for r in runs]) for side, runs in by_side.items()}
+        cpu = {side: _cpu_ms(runs) for side, runs in by_side.items()}
+        parts = []
+        for peer in (RAW_STEP_COMMIT, DBOS):
+            if peer in rate:
+                ratio = rate[GUARDED] / rate[peer]
+                # Each round's guarded run beside the same round's peer run: how far the
+                # machine's noise moves the ratio.
+                paired = zip(by_side[GUARDED], by_side[peer], strict=True)
+                spread = " ".join(f"{g.rate / p.rate:.2f}" for g, p in paired)
+                mark = f"round by round {spread}"
+                if peer == RAW_STEP_COMMIT and workers == 1:
+                    met = "met" if ratio >= TARGET else "NOT met"
+                    mark = f"target ≥ {TARGET}x: {met}; {mark}"
+                parts.append(f"guarded / {SHORT[peer]}: {ratio:.2f}x ({mark})")
+        head = f"{workers} {'worker ' if workers == 1 else 'workers'}: "
+        print(head + "; ".join(parts))
+        shown = [
+            f"{SHORT.get(side, side)} {cpu[side]}" for side in (GUARDED, *SHORT) if side in cpu
+        ]
+        print(" " * len(head) + "CPU ms/step, client + server: " + ", ".join(shown))
+
+
+def print_facts(results: Results, stops: Sequence[float], task_rows: TaskRowFacts) -> None:
+    """What the table does not show: the step time over a run, the task row, the stops."""
+    alone = results.get(1, {}).get(GUARDED, [])
+    first, last = _segment_ms(alone)
+    print(
+        f"guarded ms/step (1 worker), first vs last quarter of a run: {first:.2f} → {last:.2f} "
         f"(the checkpoint grows to {task_rows.checkpoint_bytes / 1024:.1f} KiB of JSON)"
     )
     print(
         f"console_task updates: {task_rows.updates}, of which HOT: {task_rows.hot_updates} "
         "(a non-HOT update rewrites every index on the row)"
     )
-    print(
-        f"heartbeat queries in the guarded runs: {heartbeat} "
-        "(counted above; one lease renewal every LOOPGUARD_LEASE_SECONDS / 3)"
-    )
+    for side, what in ((GUARDED, "the lease heartbeat's"), (DBOS, "DBOS's own threads'")):
+        count = sum(
+            r.background_statements for runs in results.values() for r in runs.get(side, [])
+        )
+        if any(side in runs for runs in results.values()):
+            print(f"{side}: {count} of the statements counted were {what} (counted above)")
+    lost = sum(r.lost_backends for runs in results.values() for rs in runs.values() for r in rs)
+    if lost:
+        print(f"{lost} backend(s) disconnected before their CPU time was read (not counted)")
+    stop_median, stop_max = _median(stops), max(stops)
+    stop_met = "met" if stop_max < 1.0 else "NOT met"
     print(
         f"stop latency over {len(stops)} stops: median {stop_median * 1000:.0f} ms, "
         f"max {stop_max * 1000:.0f} ms (target < 1 s: {stop_met})"
@@ -809,62 +1369,83 @@ def print_breakdown(log: QueryLog, steps: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Create the database, measure both sides and stop latency, print, drop the database."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 400)")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 60 steps, one run")
+    """Create the databases, measure every side and stop latency, print, drop the databases."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None,
+        epilog=COLUMNS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps per worker per run (default 200)"
+    )
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of runs (default 3)")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: 60 steps per worker, one round"
+    )
+    parser.add_argument(
+        "--no-dbos", action="store_true", help="leave the DBOS column out even if installed"
+    )
     options = parser.parse_args(argv)
-    steps = options.steps if options.steps is not None else (60 if options.quick else 400)
-    if steps < 2:
-        parser.error("--steps must be at least 2")
-    rounds = 1 if options.quick else 3
-    url = f"{SERVER}/{DATABASE}"
+    steps = options.steps if options.steps is not None else (60 if options.quick else 200)
+    rounds = options.rounds if options.rounds is not None else (1 if options.quick else 3)
+    if steps < 2 or rounds < 1:
+        parser.error("--steps must be at least 2 and --rounds at least 1")
+    where = Databases.from_url(os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL)
+    notes: list[str] = []
+    with_dbos = not options.no_dbos and importlib.util.find_spec("dbos") is not None
+    if not with_dbos:
+        why = "--no-dbos" if options.no_dbos else "dbos is not installed (pip install '.[bench]')"
+        notes.append(f"DBOS column skipped: {why}")
 
-    recreate(SERVER, DATABASE)
+    load_before = os.getloadavg()[0]
+    recreate(where.server, where.name)
+    if with_dbos:
+        recreate(where.server, where.system_name)
     try:
-        os.environ["DJANGO_SETTINGS_MODULE"] = "console.project.settings"
-        os.environ["DATABASE_URL"] = url
-        import django
-        from django.conf import settings
+        setup_django(where.url)
         from django.core.management import call_command
         from django.db import connections
 
-        django.setup()
-        # As in production: with DEBUG on, Django also records and formats every query,
-        # which costs the driver more than the database does.
-        settings.DEBUG = False
-        logging.getLogger("console").setLevel(logging.WARNING)  # one line per task otherwise
-        settings.LOOPGUARD_AGENTS = {
-            **settings.LOOPGUARD_AGENTS,
-            MIX_AGENT: _path(ReadWriteMix),
-            WAIT_AGENT: _path(Waiter),
-        }
         call_command("migrate", verbosity=0)
-        prepare(url, max(steps, PROFILE_STEPS) // 2 + 1)
-        facts = server_facts(url)
+        prepare(where.url, max(steps, PROFILE_STEPS) // 2 + 1, max(WORKERS))
+        facts = server_facts(where.url)
+        connections.close_all()
         log = QueryLog()
         install(log)
-        stats = ServerStats(SERVER, DATABASE)
+        stats = ServerStats(where.server, where.name, where.system_name)
+        started: list[Pool] = []
         try:
-            # Warm both sides up (imports, caches, psycopg's prepared statements) unmeasured.
-            guarded(url, 20, log, stats, attribute=False)
-            raw(url, 20, stats)
-            raw(url, 20, stats, step_commit=True)
-            sides: dict[str, list[Run]] = {"guarded": [], RAW: [], RAW_STEP_COMMIT: []}
+            plain = Pool(where.url, None, max(WORKERS))
+            started.append(plain)
+            pools = {GUARDED: plain, RAW_STEP_COMMIT: plain, RAW: plain}
+            if with_dbos:
+                pools[DBOS] = Pool(where.url, where.system_url, max(WORKERS))
+                started.append(pools[DBOS])
+            # Warm every worker up (imports, caches, prepared statements) unmeasured.
+            for side, pool in pools.items():
+                pool.run(side, max(WORKERS), 20, stats, measure=False)
+            results: dict[int, dict[str, list[Run]]] = {w: {} for w in WORKERS}
             for _ in range(rounds):  # interleaved, so that a noisy spell hits every side
-                sides[RAW].append(raw(url, steps, stats))
-                sides["guarded"].append(guarded(url, steps, log, stats, attribute=False))
-                sides[RAW_STEP_COMMIT].append(raw(url, steps, stats, step_commit=True))
+                for workers in WORKERS:
+                    for side, pool in pools.items():
+                        run = pool.run(side, workers, steps, stats)
+                        results[workers].setdefault(side, []).append(run)
             profile_steps = min(steps, PROFILE_STEPS)
-            guarded(url, profile_steps, log, stats, attribute=True)
-            stops = stop_latencies(url, STOP_ROUNDS)
+            prepare_guarded(where.url, profile_steps, log, attribute=True)()
+            stops = stop_latencies(where.url, STOP_ROUNDS)
         finally:
+            for pool in started:
+                pool.close()
             stats.close()
             connections.close_all()
-        print_report(facts, steps, rounds, sides, stops, task_row_facts(url))
+        load = (load_before, os.getloadavg()[0])
+        print_report(facts, steps, rounds, results, notes, load)
+        print_facts(results, stops, task_row_facts(where.url))
         print_breakdown(log, profile_steps)
     finally:
-        drop(SERVER, DATABASE)
+        drop(where.server, where.name)
+        if with_dbos:
+            drop(where.server, where.system_name)
     return 0
 
 
