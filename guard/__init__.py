@@ -1,6 +1,6 @@
 """LoopGuard's guard: decide before each model call and tool execution whether it may happen.
 
-Standard library only. The public contract::
+Standard library only. What an agent developer types::
 
     from guard import Guard, Limits, Call, Finish, Result, Evidence, Report, InMemoryLedger
 
@@ -8,17 +8,16 @@ Standard library only. The public contract::
                   now=clock_ms, wait=sleep_ms, ledger=InMemoryLedger())
     report = guard.run(plan, execute, inspect)
 
-``guard.adapters`` reads the tool calls of OpenAI and Anthropic replies into ``Call``s and
-answers them with the results.
+``guard.steps`` holds the step-wise names (for hosts that run their own loop) and what a
+ledger implementer needs; ``guard.adapters`` reads the tool calls of OpenAI and Anthropic
+replies into ``Call``s and answers them with the results.
 """
 
-from ._fingerprint import BadArguments, canonical_json, fingerprint
-from ._guard import COMPLETED_KEPT, Action, Decision, Guard, Ticket
-from ._ledger import Claim, ClaimStatus, InMemoryLedger, Ledger, LedgerError, Operation
-from ._report import RESUME_CONDITIONS, Report
+from ._guard import Guard
+from ._ledger import InMemoryLedger, Ledger
+from ._report import Report
 from ._values import (
     Call,
-    Effect,
     Evidence,
     Finish,
     Kind,
@@ -31,53 +30,22 @@ from ._values import (
     State,
     Usage,
 )
-from .adapters import (
-    MalformedModelOutput,
-    ToolSpec,
-    Turn,
-    anthropic_tool_results,
-    calls_from_anthropic,
-    calls_from_openai,
-    openai_tool_messages,
-    tool_effects,
-)
 
 __all__ = [
-    "COMPLETED_KEPT",
-    "RESUME_CONDITIONS",
-    "Action",
-    "BadArguments",
     "Call",
-    "Claim",
-    "ClaimStatus",
-    "Decision",
-    "Effect",
     "Evidence",
     "Finish",
     "Guard",
     "InMemoryLedger",
     "Kind",
     "Ledger",
-    "LedgerError",
     "Limits",
-    "MalformedModelOutput",
     "Nudge",
-    "Operation",
     "OperationState",
     "Reason",
     "Report",
     "Result",
     "Settlement",
     "State",
-    "Ticket",
-    "ToolSpec",
-    "Turn",
     "Usage",
-    "anthropic_tool_results",
-    "calls_from_anthropic",
-    "calls_from_openai",
-    "canonical_json",
-    "fingerprint",
-    "openai_tool_messages",
-    "tool_effects",
 ]

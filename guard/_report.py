@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._checks import count, text
 from ._ledger import Operation
-from ._values import OperationState, Reason, State, Usage
+from ._values import DIMENSIONS, OperationState, Reason, State, Usage
 
-__all__ = ["RESUME_CONDITIONS", "Report"]
+__all__ = ["COMPLETED_KEPT", "RESUME_CONDITIONS", "Record", "Report"]
+
+COMPLETED_KEPT = 50
+"""How many of the latest completed requests a report and a checkpoint keep."""
 
 RESUME_CONDITIONS: Mapping[Reason, str] = {
     Reason.GOAL_MET: "Nothing to resume: the goal is verified as met.",
@@ -72,6 +77,7 @@ RESUME_CONDITIONS: Mapping[Reason, str] = {
         "Stopped by an operator; reconcile any uncertain write, then approve resumption."
     ),
 }
+"""What each stop reason asks of an approver before the task may go on."""
 
 _UNSETTLED = (OperationState.UNKNOWN, OperationState.IN_FLIGHT)
 
@@ -117,14 +123,7 @@ class Report:
     @property
     def usage(self) -> Usage:
         """The spent counters, to carry into the guard of the next phase."""
-        return Usage(
-            model_calls=self.model_calls,
-            requests=self.requests,
-            executions=self.executions,
-            tokens=self.tokens,
-            polls=self.polls,
-            elapsed_ms=self.elapsed_ms,
-        )
+        return Usage(**{dimension.used: getattr(self, dimension.used) for dimension in DIMENSIONS})
 
     def to_dict(self) -> dict[str, Any]:
         """The full stop report as JSON-ready data."""
@@ -149,3 +148,69 @@ class Report:
     def to_json(self, **kwargs: Any) -> str:
         """The full stop report as JSON text (keyword arguments go to :func:`json.dumps`)."""
         return json.dumps(self.to_dict(), ensure_ascii=False, **kwargs)
+
+
+_COMPLETED_FIELDS = ("tool", "fingerprint", "operation_key", "reused", "revision")
+
+
+class Record:
+    """What a task has done so far — its latest completed requests — and, once it has
+    stopped, its one stop report."""
+
+    __slots__ = ("completed", "report", "total")
+
+    def __init__(self) -> None:
+        # The latest completed requests, and how many in all: a long run's report and
+        # checkpoint stay small.
+        self.completed: deque[tuple[str, str, str | None, bool, int]] = deque(maxlen=COMPLETED_KEPT)
+        self.total = 0
+        self.report: Report | None = None
+
+    def complete(self, tool: str, fp: str, key: str | None, reused: bool, revision: int) -> None:
+        """One request executed (or reused) with a ``SUCCESS``."""
+        self.completed.append((tool, fp, key, reused, revision))
+        self.total += 1
+
+    def stop(
+        self,
+        state: State,
+        reason: Reason,
+        *,
+        usage: Usage,
+        remaining: Mapping[str, int | None],
+        revision: int,
+        operations: Iterable[Operation],
+        call: Mapping[str, Any] | None,
+        batch: tuple[Mapping[str, Any], ...],
+        detail: str,
+    ) -> Report:
+        """Record the terminal state once; later stops return the first report."""
+        if self.report is None:
+            self.report = Report(
+                state=state,
+                reason=reason,
+                revision=revision,
+                operations=tuple(operations),
+                remaining=remaining,
+                completed=tuple(
+                    dict(zip(_COMPLETED_FIELDS, step, strict=True)) for step in self.completed
+                ),
+                completed_total=self.total,
+                call=call,
+                batch=batch,
+                detail=detail,
+                **usage.to_dict(),
+            )
+        return self.report
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The record's part of a checkpoint (``completed`` is history: see ``HISTORY``)."""
+        return {"completed": [list(step) for step in self.completed], "completed_total": self.total}
+
+    def load(self, raw: Mapping[str, Any]) -> None:
+        """Take back a part made by :meth:`checkpoint` (``TypeError``/``KeyError`` if not)."""
+        self.total = count(raw.get("completed_total", 0))
+        self.completed.extend(
+            (text(t), text(fp), key if key is None else text(key), bool(r), count(rev))
+            for t, fp, key, r, rev in raw["completed"]
+        )

@@ -86,6 +86,7 @@ class OperationState(StrEnum):
 
 
 Effect = Literal["read", "write"]
+"""What a tool does: reads, or writes (a business action, which needs an operation key)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,14 +126,16 @@ class Limits:
         object.__setattr__(self, "exempt", frozenset(self.exempt))
 
     def remaining(self, used: Usage) -> dict[str, int | None]:
-        """Budget left per dimension after ``used`` (``None``: that dimension is unbounded)."""
-        return {
-            "model_calls": max(0, self.model_calls - used.model_calls),
-            "requests": max(0, self.requests - used.requests),
-            "executions": max(0, self.executions - used.executions),
-            "tokens": None if self.tokens is None else max(0, self.tokens - used.tokens),
-            "deadline_ms": max(0, self.deadline_ms - used.elapsed_ms),
-        }
+        """Budget left per dimension after ``used`` (``None``: that dimension is unbounded),
+        keyed by the :class:`Limits` field of each task-wide budget in :data:`DIMENSIONS`."""
+        left: dict[str, int | None] = {}
+        for dimension in DIMENSIONS:
+            if dimension.per_job:
+                continue
+            limit: int | None = getattr(self, dimension.limit)
+            spent: int = getattr(used, dimension.used)
+            left[dimension.limit] = None if limit is None else max(0, limit - spent)
+        return left
 
 
 def _require_count(name: str, value: object, *, minimum: int) -> None:
@@ -154,26 +157,23 @@ class Usage:
     elapsed_ms: int = 0
 
     def to_dict(self) -> dict[str, int]:
-        """The counters as a JSON-ready mapping."""
-        return {
-            "model_calls": self.model_calls,
-            "requests": self.requests,
-            "executions": self.executions,
-            "tokens": self.tokens,
-            "polls": self.polls,
-            "elapsed_ms": self.elapsed_ms,
-        }
+        """The counters as a JSON-ready mapping, one per :data:`DIMENSIONS` entry, in order."""
+        return {dimension.used: getattr(self, dimension.used) for dimension in DIMENSIONS}
 
 
 @dataclass(frozen=True, slots=True)
 class Dimension:
     """One budget: what a task spends (a :class:`Usage` field), its limit (a :class:`Limits`
-    field), the reason a task stops when it runs out, and its name for people."""
+    field), the reason a task stops when it runs out, and its name for people.
+
+    ``per_job`` marks a limit that bounds each ``PENDING`` job rather than the task's total
+    (the polls): such a budget has no task-wide "remaining"."""
 
     used: str
     limit: str
     reason: Reason
     label: str
+    per_job: bool = False
 
 
 DIMENSIONS: tuple[Dimension, ...] = (
@@ -181,7 +181,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("requests", "requests", Reason.REQUEST_BUDGET, "requests"),
     Dimension("executions", "executions", Reason.EXECUTION_BUDGET, "executions"),
     Dimension("tokens", "tokens", Reason.TOKEN_BUDGET, "tokens"),
-    Dimension("polls", "polls", Reason.POLL_BUDGET, "polls"),
+    Dimension("polls", "polls", Reason.POLL_BUDGET, "polls", per_job=True),
     Dimension("elapsed_ms", "deadline_ms", Reason.DEADLINE, "time (ms)"),
 )
 """Every budget a task has, declared once: reports, checkpoints, the console's saves,

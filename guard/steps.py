@@ -14,18 +14,27 @@ console's runner, an attached client) and for ledgers that store operations else
         guard.after_tool(ticket, result, inspect=inspect)
     pause = guard.before_wait()                    # milliseconds to wait, or Report
 
+A host that keeps a guard across processes stores ``guard.checkpoint(history=False)`` (of
+:data:`CHECKPOINT_VERSION`) and what grows with the phase (:data:`HISTORY`, the latest
+:data:`COMPLETED_KEPT` completed requests) elsewhere, and gives both back to
+``Guard.restore``. :data:`DIMENSIONS` declares every budget once; :data:`RESUME_CONDITIONS`
+says what each stop reason asks of an approver. Calls are told apart by
+:func:`fingerprint` (sha256 over the tool and :func:`canonical_json` of the arguments).
+
 A ledger implements :class:`guard.Ledger` with :class:`Claim`, :class:`ClaimStatus`,
 :class:`Operation` and :class:`LedgerError`, and moves entries only as
 :data:`OPERATION_MOVES` allows.
 """
 
+from ._checkpoint import CHECKPOINT_VERSION, HISTORY
 from ._fingerprint import BadArguments, canonical_json, fingerprint
-from ._guard import COMPLETED_KEPT, HISTORY, Action, Decision, Ticket
 from ._ledger import OPERATION_MOVES, Claim, ClaimStatus, LedgerError, Operation
-from ._report import RESUME_CONDITIONS
+from ._report import COMPLETED_KEPT, RESUME_CONDITIONS
+from ._ticket import Action, Decision, Ticket
 from ._values import DIMENSIONS, Dimension, Effect
 
 __all__ = [
+    "CHECKPOINT_VERSION",
     "COMPLETED_KEPT",
     "DIMENSIONS",
     "HISTORY",

@@ -7,7 +7,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from guard import Call, Effect, Evidence, Finish, Result, Settlement
+from guard import Call, Evidence, Finish, Result, Settlement
+from guard.steps import Effect
 
 
 class UnknownAgent(LookupError):

@@ -29,7 +29,8 @@ from typing import Any, ClassVar, cast
 
 from django.conf import settings
 
-from guard import Call, Finish, ToolSpec, calls_from_openai, openai_tool_messages
+from guard import Call, Finish
+from guard.adapters import ToolSpec, calls_from_openai, openai_tool_messages
 
 from .base import Agent
 

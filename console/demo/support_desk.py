@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from guard import Call, Evidence, Finish, Kind, Result, Settlement, ToolSpec
+from guard import Call, Evidence, Finish, Kind, Result, Settlement
+from guard.adapters import ToolSpec
 
 from ..agents.base import Agent, Tool
 from ..agents.model import ChatAgent

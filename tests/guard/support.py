@@ -7,7 +7,7 @@ inspector). Scripts play their steps in order and then repeat the last one, or c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -15,18 +15,26 @@ from guard import Call, Evidence, Finish, Guard, Kind, Limits, Report, Result
 
 __all__ = [
     "BASE_LIMITS",
+    "NOTICE_KEY",
     "Clock",
     "Executor",
     "Inspector",
     "Notices",
     "Pages",
     "Planner",
+    "Records",
     "Script",
     "assert_stays_stopped",
     "base_limits",
+    "functions",
     "make_guard",
     "notice",
+    "read",
+    "roomy",
     "scripted",
+    "statuses",
+    "succeed",
+    "tools",
 ]
 
 BASE_LIMITS = Limits(deadline_ms=1000, model_calls=8, requests=8, executions=6, same=2, stagnant=3)
@@ -223,3 +231,61 @@ class Notices:
 def notice(text: str = "First notice", key: str | None = "incident-42-first-notice") -> Call:
     """A write that sends a notice about incident 42 under a stable operation key."""
     return Call("send_notice", {"incident": 42, "text": text}, effect="write", operation_key=key)
+
+
+NOTICE_KEY = "incident-42-first-notice"
+"""The operation key of :func:`notice`."""
+
+
+def roomy(**changes: Any) -> Limits:
+    """Budgets wide enough that only the rule under test can stop the task."""
+    room = {
+        "deadline_ms": 100_000,
+        "model_calls": 50,
+        "requests": 50,
+        "executions": 50,
+        "stagnant": 50,
+    }
+    return base_limits(**{**room, **changes})
+
+
+def read(tool: str, **args: Any) -> Call:
+    """A read of ``tool`` with keyword arguments."""
+    return Call(tool, args)
+
+
+class Records:
+    """Trusted business records: a revision the tools raise, and which writes took effect."""
+
+    def __init__(self) -> None:
+        self.revision = 0
+        self.done = False
+        self.committed: dict[str, bool | None] = {}
+
+    def inspect(self, result: Result | None, subject: Call | Finish) -> Evidence:
+        """The revision and goal as recorded; for a write, whether it took effect."""
+        if isinstance(subject, Call) and subject.effect == "write":
+            assert subject.operation_key is not None
+            committed = self.committed.get(subject.operation_key)
+            return Evidence(self.revision, self.done, committed=committed)
+        return Evidence(self.revision, self.done)
+
+
+def tools(**handlers: Callable[[Call], Any]) -> Executor:
+    """One executor for several tools; every real entry is counted by the Executor."""
+    return Executor(lambda call: handlers[call.tool](call))
+
+
+def functions(script: Script) -> tuple[Any, Any, Any]:
+    """The planner, executor and inspector of ``script``, for ``run`` or a loop of steps."""
+    return script.plan, script.execute, script.inspect
+
+
+def succeed(call: Call) -> Result:
+    """A tool that always succeeds."""
+    return Result(Kind.SUCCESS)
+
+
+def statuses(report: Report) -> list[str]:
+    """What became of each call of the last model call, in order."""
+    return [item["status"] for item in report.batch]

@@ -21,8 +21,8 @@ from guard import (
     Reason,
     Result,
     State,
-    fingerprint,
 )
+from guard.steps import fingerprint
 
 from .support import (
     Clock,

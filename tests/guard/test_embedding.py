@@ -4,18 +4,8 @@ import json
 
 import pytest
 
-from guard import (
-    Call,
-    Evidence,
-    Guard,
-    InMemoryLedger,
-    Kind,
-    Limits,
-    Reason,
-    Result,
-    State,
-)
-from guard._ledger import Claim
+from guard import Call, Evidence, Guard, InMemoryLedger, Kind, Limits, Reason, Result, State
+from guard.steps import Claim
 
 
 def _steady(result: Result | None, step: object) -> Evidence:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from guard import BadArguments, canonical_json, fingerprint
+from guard.steps import BadArguments, canonical_json, fingerprint
 
 
 def differ(left: dict[str, Any], right: dict[str, Any], tool: str = "search") -> bool:

@@ -16,21 +16,19 @@ import pytest
 
 from guard import (
     Call,
-    ClaimStatus,
     Evidence,
     Finish,
     Guard,
     InMemoryLedger,
     Kind,
     Ledger,
-    LedgerError,
     Limits,
     OperationState,
     Reason,
     Result,
     State,
-    fingerprint,
 )
+from guard.steps import ClaimStatus, LedgerError, fingerprint
 
 FP = fingerprint("send_notice", {"incident": 42, "text": "Disk full"})
 OTHER_FP = fingerprint("send_notice", {"incident": 42, "text": "Disk is full"})

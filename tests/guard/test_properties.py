@@ -21,23 +21,20 @@ from hypothesis import strategies as st
 
 from guard import (
     Call,
-    Claim,
-    ClaimStatus,
     Evidence,
     Finish,
     Guard,
     InMemoryLedger,
     Kind,
     Limits,
-    Operation,
     OperationState,
     Reason,
     Report,
     Result,
     Settlement,
     State,
-    fingerprint,
 )
+from guard.steps import Claim, ClaimStatus, Operation, fingerprint
 
 from .support import Clock
 

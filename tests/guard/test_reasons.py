@@ -13,7 +13,6 @@ from typing import Any, cast
 import pytest
 
 from guard import (
-    RESUME_CONDITIONS,
     Call,
     Evidence,
     Finish,
@@ -25,8 +24,8 @@ from guard import (
     Report,
     Result,
     State,
-    fingerprint,
 )
+from guard.steps import RESUME_CONDITIONS, fingerprint
 
 from .support import (
     Clock,

@@ -1,0 +1,156 @@
+"""The budget: what a task has spent of every dimension in ``DIMENSIONS``, and the checks
+before a model call, a request and an execution.
+
+Budgets are cumulative across phases: a budget starts from what earlier phases spent
+(:class:`Usage`), and its checkpoint is that usage again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ._checks import count
+from ._values import DIMENSIONS, Dimension, Limits, Reason, Usage
+
+__all__ = ["Budget", "usage_from"]
+
+_BY_USED = {dimension.used: dimension for dimension in DIMENSIONS}
+_ELAPSED = "elapsed_ms"  # the one dimension read from the clock instead of counted
+
+
+def _dimensions(*used: str) -> tuple[Dimension, ...]:
+    return tuple(_BY_USED[name] for name in used)
+
+
+# When each budget is checked; the reason it stops with comes from its Dimension.
+_BEFORE_MODEL = _dimensions("tokens", "model_calls")  # after the deadline
+_BEFORE_REQUEST = _dimensions("requests")
+_COUNTED = tuple(d.used for d in DIMENSIONS if d.used != _ELAPSED)
+
+Checks = tuple[tuple[str, int, Reason], ...]
+"""Budgets to check at one moment: (counter, limit, reason), the unbounded left out."""
+
+
+def _checks(limits: Limits, dimensions: tuple[Dimension, ...]) -> Checks:
+    bounded = ((d, getattr(limits, d.limit)) for d in dimensions)
+    return tuple((d.used, limit, d.reason) for d, limit in bounded if limit is not None)
+
+
+class Budget:
+    """The counters of one task and the limits they are checked against.
+
+    Admitting the calls of one model call reserves their executions (``admit_execution``):
+    a batch is checked whole before anything runs. Each entry into a tool is then checked
+    and counted for real (``has_room``, ``enter``), so that a tool's internal retries still
+    use up the room of the calls after it.
+    """
+
+    __slots__ = (
+        "_before_model",
+        "_before_request",
+        "_deadline",
+        "_executions",
+        "_now",
+        "_reserved",
+        "_start",
+        "limits",
+        "spent",
+    )
+
+    def __init__(self, limits: Limits, now: Callable[[], float], used: Usage) -> None:
+        self.limits = limits
+        self._now = now
+        self.spent: dict[str, int] = {name: getattr(used, name) for name in _COUNTED}
+        self._start = now() - used.elapsed_ms
+        self._deadline = self._start + limits.deadline_ms
+        # The checks are read on every step: resolved once, here.
+        self._before_model = _checks(limits, _BEFORE_MODEL)
+        self._before_request = _checks(limits, _BEFORE_REQUEST)
+        self._executions = limits.executions
+        self._reserved = 0
+
+    # -- reading -------------------------------------------------------------------------
+
+    def elapsed(self) -> int:
+        """Milliseconds spent, including earlier phases."""
+        return max(0, int(self._now() - self._start))
+
+    def usage(self) -> Usage:
+        """What has been spent, as the public value."""
+        return Usage(**self.spent, elapsed_ms=self.elapsed())
+
+    def remaining(self) -> dict[str, int | None]:
+        """Budget left per dimension (``None``: unbounded)."""
+        return self.limits.remaining(self.usage())
+
+    def past_deadline(self) -> bool:
+        """Whether the task's time is up."""
+        return self._now() >= self._deadline
+
+    def wait_crosses_deadline(self, pause: float) -> bool:
+        """Whether waiting ``pause`` ms would reach the deadline."""
+        return pause >= self._deadline - self._now()  # compared, not added: pause may be huge
+
+    # -- checks, each counting what it lets through --------------------------------------
+
+    def start_model_call(self) -> Reason | None:
+        """Count one model call, or say which budget refuses it (the deadline first).
+        Nothing is reserved for its calls yet."""
+        self._reserved = 0
+        if self._now() >= self._deadline:
+            return Reason.DEADLINE
+        for used, limit, reason in self._before_model:  # read on every step: no call more
+            if self.spent[used] >= limit:
+                return reason
+        self.spent["model_calls"] += 1
+        return None
+
+    def start_request(self) -> Reason | None:
+        """Count one request, or say which budget refuses it."""
+        spent = self.spent
+        for used, limit, reason in self._before_request:
+            if spent[used] >= limit:
+                return reason
+        spent["requests"] += 1
+        return None
+
+    def has_room(self, *, admitting: bool = False) -> bool:
+        """Whether one more execution fits (``admitting``: beside those already reserved
+        for the calls of this model call admitted so far)."""
+        reserved = self._reserved if admitting else 0
+        return self.spent["executions"] + reserved < self._executions
+
+    def admit_execution(self) -> bool:
+        """Reserve one execution for an admitted call, if it fits."""
+        if self.spent["executions"] + self._reserved >= self._executions:  # has_room, inlined
+            return False
+        self._reserved += 1
+        return True
+
+    def enter(self) -> None:
+        """Count one real entry into a tool (the caller checked :meth:`has_room`)."""
+        self.spent["executions"] += 1
+
+    def charge_retries(self, attempts: int) -> None:
+        """A tool's own retries beyond its first try are executions too."""
+        self.spent["executions"] += attempts - 1
+
+    def spend_tokens(self, tokens: int) -> None:
+        """Charge model usage reported by the planner."""
+        self.spent["tokens"] += tokens
+
+    def count_polls(self, polls: int) -> None:
+        """Charge polls of ``PENDING`` jobs (their per-job bound is the detector's)."""
+        self.spent["polls"] += polls
+
+    # -- checkpoint ----------------------------------------------------------------------
+
+    def checkpoint(self) -> dict[str, int]:
+        """The budget's part of a checkpoint: what has been spent."""
+        return self.usage().to_dict()
+
+
+def usage_from(raw: Mapping[str, Any]) -> Usage:
+    """The :class:`Usage` of a budget's checkpoint part (raises ``TypeError`` if malformed)."""
+    return Usage(**{name: count(value) for name, value in raw.items()})

@@ -1,0 +1,64 @@
+"""The checkpoint's layout: each part's own checkpoint under the part's name (version 2),
+and the one flat mapping of version 1 that tasks stored before the guard had parts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["CHECKPOINT_VERSION", "HISTORY", "compose", "history_of", "parts_of"]
+
+CHECKPOINT_VERSION = 2
+"""The shape :meth:`Guard.checkpoint` writes; :meth:`Guard.restore` also reads version 1."""
+
+_PARTS = ("usage", "detector", "settlement", "record")  # the budget's part is what was used
+_HISTORY_PARTS = {"touched": "settlement", "completed": "record"}
+HISTORY = tuple(_HISTORY_PARTS)
+"""The parts of a checkpoint that grow with the phase (see :meth:`Guard.history`)."""
+
+
+def compose(parts: dict[str, dict[str, Any]], *, history: bool) -> dict[str, Any]:
+    """A checkpoint of ``parts``; without ``history``, what grows with the phase left out."""
+    saved: dict[str, Any] = {"version": CHECKPOINT_VERSION, **parts}
+    if not history:
+        for name, part in _HISTORY_PARTS.items():
+            del saved[part][name]
+    return saved
+
+
+def history_of(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """The history (see :data:`HISTORY`) of a whole version 2 checkpoint."""
+    return {name: saved[part][name] for name, part in _HISTORY_PARTS.items()}
+
+
+def parts_of(checkpoint: Mapping[str, Any], history: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The parts of a checkpoint of either version, with ``history`` put back in."""
+    version = checkpoint["version"]
+    if version == 1:
+        return _from_version_1(
+            checkpoint if history is None else {**checkpoint, **{n: history[n] for n in HISTORY}}
+        )
+    if version != CHECKPOINT_VERSION:
+        raise ValueError(f"checkpoint version {version!r} is not supported")
+    parts = {name: checkpoint[name] for name in _PARTS}
+    if history is not None:
+        for name, part in _HISTORY_PARTS.items():
+            parts[part] = {**parts[part], name: history[name]}
+    return parts
+
+
+def _from_version_1(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """A version 1 checkpoint (one flat mapping, as tasks stored before the guard had
+    parts) laid out as the parts of version 2."""
+    return {
+        "usage": saved["usage"],
+        "detector": {
+            name: saved[name]
+            for name in ("revision", "stagnant", "recent", "repeats", "pending", "nudged")
+        },
+        "settlement": {"touched": saved["touched"]},
+        "record": {
+            "completed": saved["completed"],
+            "completed_total": saved.get("completed_total", 0),
+        },
+    }

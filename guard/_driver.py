@@ -1,0 +1,79 @@
+"""The reference driver: ``Guard.run`` over the guard's own steps, as any host would write it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._checks import describe, present
+from ._report import Report
+from ._settlement import Lookup
+from ._ticket import Action
+from ._values import Call, Finish, Nudge, Reason, Result, State
+
+if TYPE_CHECKING:
+    from ._guard import Guard
+
+__all__ = ["Execute", "Inspect", "Plan", "drive"]
+
+Plan = Callable[[Any], Any]
+Execute = Callable[[Call], Any]
+Inspect = Callable[[Result | None, Call | Finish], Any]
+
+
+def drive(
+    guard: Guard, plan: Plan, execute: Execute, inspect: Inspect, lookup: Lookup | None
+) -> Report:
+    """Drive ``plan`` / ``execute`` / ``inspect`` under ``guard`` until it stops; never
+    raises (but lets an interrupt through, its write marked lost).
+
+    Only the step methods decide; the driver reaches inside the guard for two things no
+    step covers: the injected ``wait``, and a write lost to an interrupt."""
+    observation: Any = None
+    while True:
+        stop = guard.before_model()
+        if stop is not None:
+            return stop
+        try:
+            proposal = plan(observation)
+        except Exception as exc:
+            return guard.planner_failed(exc)
+        if isinstance(proposal, Finish):
+            return guard.finish(proposal, inspect)
+        admitted = guard.before_tools(proposal)
+        if not isinstance(admitted, list):  # one test for the common case: calls to run
+            if isinstance(admitted, Nudge):
+                observation = admitted
+                continue
+            return admitted
+        results: list[Result] = []
+        for ticket in admitted:
+            decision = guard.before_tool(ticket)
+            if decision.report is not None:
+                return decision.report
+            outcome: Any = decision.result
+            error: Exception | None = None
+            if decision.action is Action.EXECUTE:
+                try:
+                    outcome = execute(ticket.call)
+                except Exception as exc:
+                    error = exc
+                except BaseException:
+                    # Interrupted mid-execution: the write may or may not have happened.
+                    guard._lost(ticket, "interrupted", None)
+                    raise
+            stop = guard.after_tool(ticket, outcome, error=error, inspect=inspect, lookup=lookup)
+            if stop is not None:
+                return stop
+            results.append(present(ticket.result))
+        pause = guard.before_wait()
+        if pause:  # 0 (no wait) is the common case
+            if isinstance(pause, Report):
+                return pause
+            try:
+                guard._wait(pause)
+            except Exception as exc:
+                if guard._cancel.requested():
+                    return guard.halt(State.CANCELLED, Reason.OPERATOR_STOP)
+                return guard.halt(State.FAILED, Reason.EXECUTOR_ERROR, describe(exc))
+        observation = results[0] if isinstance(proposal, Call) else results

@@ -1,0 +1,85 @@
+"""What the step-wise guard hands its host: a ticket per admitted call, a decision per entry."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, NamedTuple
+
+from ._report import Report
+from ._values import Call, Result
+
+__all__ = ["Action", "Decision", "Status", "Ticket", "about", "execute"]
+
+
+class Action(StrEnum):
+    """What the caller must do with one admitted call."""
+
+    EXECUTE = "execute"
+    REUSE = "reuse"
+    STOP = "stop"
+
+
+class Status(StrEnum):
+    """Where one admitted call stands (shown in the stop report's batch)."""
+
+    ADMITTED = "admitted"
+    EXECUTING = "executing"
+    REUSING = "reusing"
+    RAN = "ran"
+    REUSED = "reused"
+    NOT_RUN = "not_run"
+
+
+class Ticket:
+    """One call of the current model call, admitted by :meth:`Guard.before_tools`."""
+
+    __slots__ = ("call", "fingerprint", "index", "poll", "result", "status")
+
+    def __init__(self, index: int, call: Call, fingerprint: str, poll: bool) -> None:
+        self.index = index
+        self.call = call
+        self.fingerprint = fingerprint
+        self.poll = poll
+        self.result: Result | None = None
+        self.status = Status.ADMITTED
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-ready line for the stop report's batch."""
+        return {
+            "index": self.index,
+            "tool": self.call.tool,
+            "fingerprint": self.fingerprint,
+            "operation_key": self.call.operation_key,
+            "status": str(self.status),
+            "kind": None if self.result is None else str(self.result.kind),
+        }
+
+
+class Decision(NamedTuple):
+    """The answer of :meth:`Guard.before_tool`: execute, reuse ``result``, or stop."""
+
+    action: Action
+    ticket: Ticket
+    result: Result | None = None
+    report: Report | None = None
+
+
+def execute(ticket: Ticket) -> Decision:
+    """``Decision(Action.EXECUTE, ticket)``, made before every execution: built as the tuple
+    it is, without the named tuple's constructor (a Python function), for speed."""
+    return tuple.__new__(Decision, (Action.EXECUTE, ticket, None, None))
+
+
+def about(ticket: Ticket | None, call: Call | None, fp: str | None) -> dict[str, Any] | None:
+    """What a stop is about, for its report: the ticket's line, or a call refused while it
+    was admitted (its fingerprint when known), or nothing."""
+    if ticket is not None:
+        return ticket.describe()
+    if call is None:
+        return None
+    tool: Any = call.tool  # a refused call may carry anything here
+    return {
+        "tool": tool if isinstance(tool, str) else repr(tool),
+        "fingerprint": fp,
+        "operation_key": call.operation_key,
+    }
