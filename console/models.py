@@ -2,8 +2,9 @@
 
 Everything here is history and is only ever added to: trace events, operation transitions,
 stop reports and audit entries are append-only (a database trigger refuses UPDATE and
-DELETE on them, see migration 0002). Tasks and operations change state only through
-``console.services`` and ``console.runner``, as conditional updates.
+DELETE on them, see migration 0002). A task changes state only through
+``console.lifecycle`` and an operation only as ``guard.steps.OPERATION_MOVES`` allows, as
+conditional updates.
 """
 
 from __future__ import annotations
@@ -138,6 +139,24 @@ class Task(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    @property
+    def can_stop(self) -> bool:
+        """An operator may stop it: it is queued or running and no stop is recorded yet."""
+        return self.state in ACTIVE_STATES and self.stop_requested_at is None
+
+    @property
+    def can_cancel(self) -> bool:
+        """An operator may cancel it before it ever ran: it is held for a restart loop."""
+        return self.state == TaskState.NEEDS_HUMAN and self.reason == RESTART_LOOP
+
+    @property
+    def can_resume(self) -> bool:
+        """An approver may open a new phase: it stopped short of its goal (not completed).
+
+        Whether a write is still uncertain is a question for its operations, asked apart.
+        """
+        return self.state in TERMINAL_STATES - {TaskState.COMPLETED.value}
 
 
 class Phase(models.Model):

@@ -19,57 +19,44 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from contextlib import nullcontext
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
-from functools import cache, partial
+from functools import partial
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection, transaction
-from django.db.models import F
 from django.utils import timezone
 
-from guard import (
-    COMPLETED_KEPT,
-    Action,
-    Call,
-    Finish,
-    Guard,
-    Kind,
-    Limits,
-    Nudge,
-    Reason,
-    Report,
-    Result,
-    State,
-    Ticket,
-    Usage,
-)
+from guard import Call, Finish, Guard, Nudge, Reason, Report, Result, State
+from guard.steps import Action, Ticket
 
+from . import lifecycle
 from .agents import Agent, Tool, agent_class
-from .ledger import DatabaseLedger, LeaseLost, entry_of
+from .ledger import DatabaseLedger
+from .lifecycle import finish_task, limits_of, recover, report_from_task, usage_of
 from .logs import task_context
-from .models import (
-    Decision,
-    EventKind,
-    Operation,
-    OperationEvent,
-    OperationState,
-    Phase,
-    StopReport,
-    Task,
-    TaskState,
-    TraceEvent,
-)
-from .redaction import preview, redact, redact_text
-from .statements import fetch_one
+from .models import Decision, EventKind, Task, TaskState
+from .redaction import preview, redact_text
+from .store import LeaseLost, Record, Saved, Step, StepStore, open_store
 
 logger = logging.getLogger(__name__)
 
 STOP_POLL_S = 0.2  # how often a waiting driver looks for a stop: well under a second
 QUICK_MODEL_CALL_S = 0.05  # a model call this quick has its event saved with its read
+
+# Kept here for callers written against the runner; the task state machine is
+# console.lifecycle's.
+__all__ = [
+    "STOP_POLL_S",
+    "drive",
+    "finish_task",
+    "new_owner",
+    "recover",
+    "report_from_task",
+    "sweep",
+]
 
 
 def lease_seconds() -> float:
@@ -79,148 +66,6 @@ def lease_seconds() -> float:
 def new_owner() -> str:
     """A lease owner name that says where the driver runs."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def limits_of(task: Task) -> Limits:
-    """The task's cumulative limits as the guard's value."""
-    raw = dict(task.limits)
-    raw["exempt"] = frozenset(raw.get("exempt", ()))
-    return Limits(**raw)
-
-
-def usage_of(task: Task) -> Usage:
-    return Usage(
-        model_calls=task.model_calls,
-        requests=task.requests,
-        executions=task.executions,
-        tokens=task.tokens,
-        polls=task.polls,
-        elapsed_ms=task.elapsed_ms,
-    )
-
-
-def _counters(usage: Usage, revision: int) -> dict[str, int]:
-    return {**usage.to_dict(), "revision": revision}
-
-
-# -- finishing a task ------------------------------------------------------------------------
-
-
-def report_from_task(task: Task, state: str, reason: str, detail: str = "") -> Report:
-    """A stop report for a task stopped outside the guard (before it ran, or by recovery)."""
-    limits = limits_of(task)
-    operations = tuple(entry_of(op) for op in task.operations.order_by("claimed_at", "id"))
-    remaining = limits.remaining(usage_of(task))
-    return Report(
-        state=State(state),
-        reason=Reason(reason) if reason in Reason else Reason.OPERATOR_STOP,
-        model_calls=task.model_calls,
-        requests=task.requests,
-        executions=task.executions,
-        revision=task.revision,
-        operations=operations,
-        tokens=task.tokens,
-        polls=task.polls,
-        elapsed_ms=task.elapsed_ms,
-        remaining=remaining,
-        detail=detail,
-    )
-
-
-def finish_task(
-    task: Task,
-    state: str,
-    reason: str,
-    report: dict[str, Any],
-    *,
-    detail: str = "",
-    counters: Mapping[str, int] | None = None,
-    checkpoint: Any = None,
-) -> None:
-    """Record a terminal state with its stop report. Call inside a transaction holding
-    the task row; the caller has checked that the task may make this transition."""
-    now = timezone.now()
-    detail = redact_text(detail)  # error messages may quote credentials
-    report = redact(report)
-    fields: dict[str, Any] = {
-        "state": state,
-        "reason": reason,
-        "detail": detail[:2000],
-        "finished_at": now,
-        "updated_at": now,
-        "lease_owner": "",
-        "lease_expires_at": None,
-        **(counters or {}),
-    }
-    if checkpoint is not None:
-        fields["checkpoint"] = checkpoint
-    Task.objects.filter(id=task.id).update(**fields)
-    Phase.objects.filter(task_id=task.id, number=task.phase).update(
-        ended_at=now, state=state, reason=reason
-    )
-    StopReport.objects.create(
-        task_id=task.id, phase=task.phase, state=state, reason=reason, report=report
-    )
-    seq = _take_seq(task.id, 1)
-    TraceEvent.objects.create(
-        task_id=task.id,
-        phase=task.phase,
-        seq=seq,
-        kind=EventKind.STOP,
-        decision="",
-        reason=reason,
-        detail=f"{state}" + (f": {detail}" if detail else ""),
-    )
-    logger.info("task %s stopped %s/%s %s", task.id, state, reason, detail)
-
-
-def _take_seq(task_id: int, count: int) -> int:
-    """Reserve ``count`` trace sequence numbers; returns the first. Inside a transaction."""
-    Task.objects.filter(id=task_id).update(next_seq=F("next_seq") + count)
-    last = Task.objects.filter(id=task_id).values_list("next_seq", flat=True).get()
-    return int(last) - count
-
-
-def recover(task: Task, *, why: str) -> bool:
-    """A driver of ``task`` is gone. Settle what it left behind; True if the task may go on.
-
-    Its ``IN_FLIGHT`` operations become ``UNKNOWN``: they may or may not have happened and
-    are never run again. Call inside a transaction holding the task row.
-    """
-    stranded = list(
-        Operation.objects.select_for_update()
-        .filter(task_id=task.id, state=OperationState.IN_FLIGHT)
-        .order_by("id")
-    )
-    now = timezone.now()
-    for op in stranded:
-        Operation.objects.filter(id=op.id).update(state=OperationState.UNKNOWN, updated_at=now)
-        OperationEvent.objects.create(
-            operation=op,
-            from_state=OperationState.IN_FLIGHT,
-            to_state=OperationState.UNKNOWN,
-            task_id=task.id,
-            evidence=f"recovery: {why}",
-        )
-    task.recoveries += 1
-    Task.objects.filter(id=task.id).update(recoveries=F("recoveries") + 1)
-    logger.warning("task %s recovered (%s): %d write(s) now UNKNOWN", task.id, why, len(stranded))
-    if stranded:
-        keys = ", ".join(op.key for op in stranded)
-        detail = f"{why}; in flight when it stopped: {keys}"
-        report = report_from_task(task, State.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT, detail)
-        finish_task(task, State.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT, report.to_dict(), detail=detail)
-        return False
-    if task.stop_requested_at is not None:
-        report = report_from_task(task, State.CANCELLED, Reason.OPERATOR_STOP, why)
-        finish_task(task, State.CANCELLED, Reason.OPERATOR_STOP, report.to_dict(), detail=why)
-        return False
-    if task.recoveries > settings.LOOPGUARD_MAX_RECOVERIES:
-        detail = f"{why}; the driver was lost {task.recoveries} times"
-        report = report_from_task(task, State.FAILED, Reason.EXECUTOR_ERROR, detail)
-        finish_task(task, State.FAILED, Reason.EXECUTOR_ERROR, report.to_dict(), detail=detail)
-        return False
-    return True
 
 
 def sweep(enqueue: Callable[[int], None]) -> dict[str, int]:
@@ -243,9 +88,7 @@ def sweep(enqueue: Callable[[int], None]) -> dict[str, int]:
                 continue
             counts["recovered"] += 1
             if recover(task, why="lease expired"):
-                Task.objects.filter(id=task.id).update(
-                    state=TaskState.QUEUED, lease_owner="", lease_expires_at=None, updated_at=now
-                )
+                lifecycle.requeue(task)
                 transaction.on_commit(partial(enqueue, task.id))
                 counts["resumed"] += 1
     # A queued task whose message was lost (a broker restart) is enqueued again; a
@@ -272,14 +115,15 @@ def drive(task_id: int, *, owner: str | None = None) -> str:
 
 
 def _drive(task_id: int, owner: str) -> str:
-    acquired = _acquire(task_id, owner)
+    store = open_store(task_id, owner)
+    acquired = store.take_lease(lease_seconds())
     if isinstance(acquired, str):
         logger.info("task %s: %s", task_id, acquired)
         return acquired
-    heartbeat = _Heartbeat(task_id, owner)
+    heartbeat = _Heartbeat(store)
     heartbeat.start()
     try:
-        return _Driver(acquired, owner, heartbeat).drive()
+        return _Driver(acquired, store, heartbeat).drive()
     except LeaseLost as exc:
         logger.warning("task %s: lease lost, leaving it to its new driver (%s)", task_id, exc)
         return f"lease lost: {exc}"
@@ -287,41 +131,12 @@ def _drive(task_id: int, owner: str) -> str:
         heartbeat.halt()
 
 
-def _acquire(task_id: int, owner: str) -> Task | str:
-    """Take the task's lease, or say why not. Settles a previous driver's leftovers first."""
-    with transaction.atomic():
-        task = Task.objects.select_for_update().filter(id=task_id).first()
-        if task is None:
-            return "no such task"
-        if task.state not in (TaskState.QUEUED, TaskState.RUNNING):
-            return f"nothing to do: the task is {task.state}"
-        now = timezone.now()
-        if task.lease_owner and task.lease_expires_at and task.lease_expires_at > now:
-            return f"lease held by {task.lease_owner}"
-        if task.state == TaskState.RUNNING and not recover(task, why="driver lost"):
-            return "recovered: the task stopped"
-        if task.stop_requested_at is not None:
-            report = report_from_task(task, State.CANCELLED, Reason.OPERATOR_STOP)
-            finish_task(task, State.CANCELLED, Reason.OPERATOR_STOP, report.to_dict())
-            return "stopped before it ran"
-        task.state = TaskState.RUNNING
-        task.lease_owner = owner
-        task.lease_expires_at = now + timedelta(seconds=lease_seconds())
-        task.updated_at = now
-        task.save(update_fields=["state", "lease_owner", "lease_expires_at", "updated_at"])
-        Phase.objects.filter(task_id=task.id, number=task.phase, started_at=None).update(
-            started_at=now
-        )
-    return task
-
-
 class _Heartbeat(threading.Thread):
     """Keeps the lease alive while the driver works; notices when it is lost."""
 
-    def __init__(self, task_id: int, owner: str) -> None:
-        super().__init__(name=f"lease-{task_id}", daemon=True)
-        self.task_id = task_id
-        self.owner = owner
+    def __init__(self, store: StepStore) -> None:
+        super().__init__(name=f"lease-{store.task_id}", daemon=True)
+        self.store = store
         self.lost = False
         self._halt = threading.Event()
 
@@ -331,16 +146,14 @@ class _Heartbeat(threading.Thread):
         try:
             while not self._halt.wait(interval):
                 try:
-                    renewed = Task.objects.filter(
-                        id=self.task_id, lease_owner=self.owner, state=TaskState.RUNNING
-                    ).update(lease_expires_at=timezone.now() + timedelta(seconds=lease_seconds()))
+                    renewed = self.store.renew_lease(lease_seconds())
                 except DatabaseError:
                     close_old_connections()
                     if time.monotonic() > deadline:  # it has expired by now
                         self.lost = True
                         return
                     continue
-                if renewed != 1:
+                if not renewed:
                     self.lost = True
                     return
                 deadline = time.monotonic() + lease_seconds()
@@ -350,100 +163,6 @@ class _Heartbeat(threading.Thread):
     def halt(self) -> None:
         self._halt.set()
         self.join(timeout=5)
-
-
-# The step's counters in one statement, conditional on the lease; it also reads back the
-# stop fact, so that the check before the next model call or execution costs nothing
-# extra. Raw SQL with a fixed text: it runs several times a step.
-_SAVE = """
-UPDATE console_task SET model_calls = %s, requests = %s, executions = %s, tokens = %s,
-    polls = %s, elapsed_ms = %s, revision = %s, next_seq = %s, last_step_at = %s{checkpoint}
-WHERE id = %s AND lease_owner = %s AND state = 'RUNNING'{asynchronous}
-RETURNING stop_requested_at, lease_owner
-"""
-_STOP_FACT = "SELECT stop_requested_at FROM console_task WHERE id = %s"
-# A save whose transaction commits without waiting for its WAL to reach the disk (only
-# this transaction: the setting is local to it). PostgreSQL writes WAL in order, so the
-# next synchronous commit (every claim, every save after a tool) makes it durable too;
-# see _Driver for which saves may use it.
-_ASYNCHRONOUS = "\n    AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
-
-# Trace event columns with their types: a VALUES list needs them spelt out where a value
-# may be NULL.
-_EVENT_COLUMNS = (
-    ("task_id", "bigint"),
-    ("phase", "integer"),
-    ("seq", "bigint"),
-    ("at", "timestamptz"),
-    ("kind", "text"),
-    ("decision", "text"),
-    ("reason", "text"),
-    ("tool", "text"),
-    ("fingerprint", "text"),
-    ("args_preview", "text"),
-    ("result_kind", "text"),
-    ("result_preview", "text"),
-    ("revision", "bigint"),
-    ("operation_key", "text"),
-    ("latency_ms", "integer"),
-    ("tokens", "integer"),
-    ("detail", "text"),
-)
-_EVENT_ROW = "(" + ", ".join(f"%s::{kind}" for _, kind in _EVENT_COLUMNS) + ")"
-_EVENT_NAMES = ", ".join(name for name, _ in _EVENT_COLUMNS)
-
-
-@cache
-def save_ctes(events: int, checkpoint: bool, durable: bool) -> str:
-    """PostgreSQL: a save as CTEs, ``saved`` (the counters' UPDATE, returning the stop fact
-    and the lease owner) feeding ``added`` (the ``events`` trace events' INSERT), so both
-    happen or neither does, and a lost lease inserts nothing. Built from the constants
-    above only; every value is a parameter. A handful of texts, each prepared once.
-    """
-    save = _SAVE.format(
-        checkpoint=", checkpoint = %s" if checkpoint else "",
-        asynchronous="" if durable else _ASYNCHRONOUS,
-    ).strip()
-    values = ", ".join([_EVENT_ROW] * events)
-    return (
-        f"saved AS ({save}), added AS ("  # noqa: S608
-        f"INSERT INTO console_traceevent ({_EVENT_NAMES}) "
-        f"SELECT v.* FROM (VALUES {values}) AS v ({_EVENT_NAMES}) CROSS JOIN saved)"
-    )
-
-
-@cache
-def _save_sql(events: int, checkpoint: bool, durable: bool, postgresql: bool) -> str:
-    """The text of a save: counters (and checkpoint), then ``events`` trace events."""
-    if events and postgresql:
-        return f"WITH {save_ctes(events, checkpoint, durable)} SELECT * FROM saved"  # noqa: S608
-    return _SAVE.format(
-        checkpoint=", checkpoint = %s" if checkpoint else "",
-        asynchronous="" if durable or not postgresql else _ASYNCHRONOUS,
-    ).strip()
-
-
-@cache
-def _save_with_record_sql(record_ctes: str, events: int, checkpoint: bool) -> str:
-    """A save that also makes a write's record (``console.ledger.MOVE_CTES``); its
-    third column says whether the record was made."""
-    return (
-        f"WITH {record_ctes}, {save_ctes(events, checkpoint, True)} "  # noqa: S608
-        "SELECT saved.stop_requested_at, saved.lease_owner, (SELECT count(*) FROM moved) "
-        "FROM saved"
-    )
-
-
-_NUMERIC = frozenset({"task_id", "phase", "seq", "at", "revision", "latency_ms", "tokens"})
-
-
-def _event_row(task_id: int, phase: int, seq: int, event: Mapping[str, Any]) -> list[Any]:
-    """One trace event as a VALUES row of a save (``_save_sql``)."""
-    given = {"task_id": task_id, "phase": phase, "seq": seq, **event}
-    return [
-        given.get(name) if name in _NUMERIC else str(given.get(name) or "")
-        for name, _ in _EVENT_COLUMNS
-    ]
 
 
 class _Driver:
@@ -475,14 +194,14 @@ class _Driver:
     server, too low by at most the reads of one model call).
     """
 
-    def __init__(self, task: Task, owner: str, heartbeat: _Heartbeat) -> None:
+    def __init__(self, task: Task, store: StepStore, heartbeat: _Heartbeat) -> None:
         self.task = task
-        self.owner = owner
+        self.store = store
         self.heartbeat = heartbeat
-        self.next_seq = task.next_seq
         self.stop_seen: bool | None = task.stop_requested_at is not None
-        self.postgresql = connection.vendor == "postgresql"
         self.pending: list[dict[str, Any]] = []  # events waiting for the next save
+        self.carried: Step | None = None  # the step so far, riding on the next claim
+        self.args_preview = ""  # the redacted arguments of the call in progress
         self.one_ahead = False  # the row counts the next model call, request, execution
         checkpoint = task.checkpoint if isinstance(task.checkpoint, dict) else {}
         same_phase = checkpoint.get("phase") == task.phase
@@ -490,7 +209,7 @@ class _Driver:
             task.id, task.input, dict(checkpoint.get("agent") or {})
         )
         self.tools: dict[str, Tool] = {tool.name: tool for tool in self.agent.tools()}
-        self.ledger = DatabaseLedger(task_id=task.id, owner=owner)
+        self.ledger = DatabaseLedger(store=store)
         options: dict[str, Any] = {
             "now": _monotonic_ms,
             "wait": self._wait,
@@ -505,8 +224,8 @@ class _Driver:
             # The counters come from the row, which is never behind the checkpoint.
             saved = dict(checkpoint["guard"])
             saved["usage"] = usage_of(task).to_dict()
-            saved.update(_trace_history(task))
-            self.guard = Guard.restore(saved, limits, **options)
+            history = store.history(task.phase)
+            self.guard = Guard.restore(saved, limits, history=history, **options)
         else:
             # A new phase: budgets carry over, repeat memory starts afresh.
             self.guard = Guard(limits, used=usage_of(task), revision=task.revision, **options)
@@ -539,9 +258,18 @@ class _Driver:
             except ValueError as exc:
                 failure = failure or exc
             if failure is not None:
-                self._save(self._model_event(None, started, detail=f"planner: {failure!r}"))
+                event = _model_event(
+                    None,
+                    started,
+                    tokens=agent.tokens,
+                    revision=guard.revision,
+                    detail=f"planner: {failure!r}",
+                )
+                self._save(event)
                 return self._finish(guard.planner_failed(failure))
-            model_event = self._model_event(proposal, started)
+            model_event = _model_event(
+                proposal, started, tokens=agent.tokens, revision=guard.revision
+            )
             if isinstance(proposal, Finish):
                 report = guard.finish(proposal, agent.inspect)
                 self._save(model_event)
@@ -549,11 +277,11 @@ class _Driver:
             admitted = guard.before_tools(proposal)
             if isinstance(admitted, Report):
                 self.observation = None  # none of its calls ran
-                self._save(model_event, self._blocked_event(admitted))
+                self._save(model_event, _blocked_event(admitted))
                 return self._finish(admitted)
             if isinstance(admitted, Nudge):
                 self.observation = admitted
-                self._save(model_event, self._nudge_event(admitted), checkpoint=True)
+                self._save(model_event, _nudge_event(admitted, guard.revision), checkpoint=True)
                 continue
             # When the last save counted this model call, one request and its execution
             # ahead, a one-call proposal's event can wait for the next statement, unless
@@ -561,13 +289,14 @@ class _Driver:
             one = proposal if self.one_ahead and isinstance(proposal, Call) else None
             if one is not None and (agent.tokens or admitted[0].poll):
                 one = None
-            if one is not None and one.effect == "write" and self.postgresql:
+            if one is not None and one.effect == "write":
                 # It rides on the claim, which reads the stop fact in its own
                 # transaction: the stop fact read before the model call may stand,
                 # unless the guard may refuse before claiming (then a stop recorded
                 # meanwhile must be seen, to be named as the reason).
                 self.pending.append(model_event)
-                self.ledger.carry(*self._carried_save(executions_ahead=1))
+                self.carried = self._step_of(tuple(self.pending), executions_ahead=1)
+                self.ledger.carry = self.carried
                 if 0 in guard.remaining().values():
                     self.stop_seen = None
             elif one is not None and time.monotonic() - started < QUICK_MODEL_CALL_S:
@@ -593,7 +322,7 @@ class _Driver:
             if isinstance(pause, Report):
                 return self._finish(pause)
             if pause:
-                wait_event = self._event(EventKind.WAIT, detail=f"waiting {pause:.0f} ms")
+                wait_event = _event(EventKind.WAIT, detail=f"waiting {pause:.0f} ms")
                 self._save(wait_event, model_calls_ahead=1)
                 self._wait(pause)
 
@@ -603,16 +332,19 @@ class _Driver:
         """One admitted call: claim, run, record. Returns the report if the task stops."""
         guard, call = self.guard, ticket.call
         tool = self.tools[call.tool]
-        self.ledger.describe(call)
+        # Redacted once: for the operation's row (a write) and for the request's event.
+        self.args_preview = preview(call.args)
+        self.ledger.describe(call, self.args_preview)
         decision = guard.before_tool(ticket)
-        if self.pending and (saved := self.ledger.carried()) is not None:
-            self._saved(saved, len(self.pending))
+        carried, self.carried, self.ledger.carry = self.carried, None, None
+        if carried is not None and carried.saved is not None:
+            self._saved(carried.saved)
         if decision.action is Action.STOP:
             report = decision.report
             if report is None:  # pragma: no cover - STOP always carries its report
                 raise RuntimeError("a stop decision without a report")
             self.observation = list(results) if batch else None  # this call did not run
-            self._save(self._request_event(ticket, Decision.BLOCKED, None, reason=report.reason))
+            self._save(self._request(ticket, Decision.BLOCKED, None, reason=report.reason))
             return report
         started = time.monotonic()
         outcome: Any = decision.result
@@ -626,13 +358,13 @@ class _Driver:
         latency = time.monotonic() - started
         lookup = tool.lookup if self.agent.auto_lookup else None
         # The save below follows at once: a write's record may ride on it.
-        self.ledger.defer_record = last and self.postgresql
+        self.ledger.defer = last
         try:
             stop = guard.after_tool(
                 ticket, outcome, error=error, inspect=self.agent.inspect, lookup=lookup
             )
         finally:
-            self.ledger.defer_record = False
+            self.ledger.defer = False
         if ticket.result is not None:
             results.append(ticket.result)
         # What this model call's calls came to so far, checkpointed with the agent's memory
@@ -641,8 +373,8 @@ class _Driver:
         self.observation = list(results) if batch else (results[0] if results else None)
         executed = decision.action is Action.EXECUTE
         detail = "" if error is None else f"{type(error).__name__}: {error}"[:500]
-        self._save(
-            self._request_event(
+        saved = self._save(
+            self._request(
                 ticket,
                 Decision.EXECUTED if executed else Decision.REUSED,
                 latency,
@@ -655,9 +387,9 @@ class _Driver:
             model_calls_ahead=1 if last and stop is None else 0,
             requests_ahead=1 if last and stop is None else 0,
             executions_ahead=1 if last and stop is None else 0,
-            record=self.ledger.take_deferred(),
+            record=self.ledger.take_record(),
         )
-        failed = self.ledger.record_failed
+        failed = saved.record_failed or self.ledger.record_failed
         if failed is not None and (stop is None or stop.reason is not Reason.UNKNOWN_COMMIT):
             # The write ran and inspect saw it commit, but meanwhile its operation was
             # settled by someone else (its lease had run out): as when a record fails.
@@ -679,106 +411,62 @@ class _Driver:
         requests_ahead: int = 0,
         executions_ahead: int = 0,
         durable: bool = True,
-        record: tuple[str, list[Any]] | None = None,
-    ) -> None:
+        record: Record | None = None,
+    ) -> Saved:
         """Persist counters (and the checkpoint, the pending events and ``events``) in one
-        short transaction.
+        short transaction, with ``record`` (a write's) when there is one.
 
         Conditional on still holding the lease: a driver that lost it stops here.
         ``durable=False`` lets the commit return before its WAL is flushed (PostgreSQL).
-        ``record``: the ledger's deferred record (``take_deferred``), made in the same
-        statement.
         """
-        events = (*self.pending, *events)
-        params = self._save_params(
-            len(events),
+        step = self._step_of(
+            (*self.pending, *events),
             checkpoint=checkpoint,
             model_calls_ahead=model_calls_ahead,
             requests_ahead=requests_ahead,
             executions_ahead=executions_ahead,
+            durable=durable,
         )
-        if not self.postgresql:
-            # SQLite (standalone mode): the same in a transaction, the events by the ORM.
-            with transaction.atomic() if events else nullcontext():
-                row = fetch_one(_save_sql(len(events), checkpoint, durable, False), params)
-                if row is not None and events:
-                    TraceEvent.objects.bulk_create(
-                        TraceEvent(task_id=self.task.id, phase=self.task.phase, seq=seq, **e)
-                        for seq, e in enumerate(events, start=self.next_seq)
-                    )
-        elif record is None:
-            sql = _save_sql(len(events), checkpoint, durable, True)
-            row = fetch_one(sql, [*params, *self._event_rows(events)])
-        else:
-            ctes, record_params = record
-            sql = _save_with_record_sql(ctes, len(events), checkpoint)
-            try:
-                row = fetch_one(sql, [*record_params, *params, *self._event_rows(events)])
-            except DatabaseError:
-                # The write ran and was verified: try to record it on its own, so that
-                # recovery finds it COMMITTED rather than turning it UNKNOWN.
-                self.ledger.rescue_deferred()
-                raise
-            self.ledger.deferred_done(row is not None and row[2] > 0)
-        self._saved(row, len(events))
+        saved = self.store.save(step, record=record)
+        self._saved(saved)
         self.one_ahead = (model_calls_ahead, requests_ahead, executions_ahead) == (1, 1, 1)
+        return saved
 
-    def _carried_save(self, *, executions_ahead: int) -> tuple[str, list[Any]]:
-        """The pending events and the counters as a save for the next claim to carry."""
-        events = tuple(self.pending)
-        params = self._save_params(len(events), executions_ahead=executions_ahead)
-        return save_ctes(len(events), False, True), [*params, *self._event_rows(events)]
-
-    def _save_params(
+    def _step_of(
         self,
-        events: int,
+        events: tuple[dict[str, Any], ...],
         *,
         checkpoint: bool = False,
         model_calls_ahead: int = 0,
         requests_ahead: int = 0,
         executions_ahead: int = 0,
-    ) -> list[Any]:
-        """The parameters of a save's UPDATE: counters, checkpoint, then the lease."""
-        guard = self.guard
-        usage = guard.usage
-        params: list[Any] = [
-            usage.model_calls + model_calls_ahead,
-            usage.requests + requests_ahead,
-            usage.executions + executions_ahead,
-            usage.tokens,
-            usage.polls,
-            usage.elapsed_ms,
-            guard.revision,
-            self.next_seq + events,
-            # As the ORM stores it: SQLite keeps times as text and compares them as text.
-            connection.ops.adapt_datetimefield_value(timezone.now()),
-        ]
-        if checkpoint:
-            params.append(_CHECKPOINT_FIELD.get_db_prep_save(self._checkpoint(), connection))
-        return [*params, self.task.id, self.owner]
+        durable: bool = True,
+    ) -> Step:
+        """The step so far as the store's value: counters (with what is counted ahead),
+        the events and, if asked, the checkpoint."""
+        usage = self.guard.usage.to_dict()
+        usage["model_calls"] += model_calls_ahead
+        usage["requests"] += requests_ahead
+        usage["executions"] += executions_ahead
+        return Step(
+            usage,
+            self.guard.revision,
+            events,
+            self._checkpoint() if checkpoint else None,
+            durable,
+        )
 
-    def _event_rows(self, events: tuple[dict[str, Any], ...]) -> list[Any]:
-        """The parameters of a save's trace events (PostgreSQL), numbered from ``next_seq``."""
-        rows: list[Any] = []
-        for i, event in enumerate(events):
-            rows += _event_row(self.task.id, self.task.phase, self.next_seq + i, event)
-        return rows
-
-    def _saved(self, row: tuple[Any, ...] | None, events: int) -> None:
-        """Take in what a save returned: the stop fact, or that the lease is gone."""
-        if row is None:
-            raise LeaseLost(f"task {self.task.id} is no longer driven by {self.owner}")
-        self.next_seq += events
+    def _saved(self, saved: Saved) -> None:
+        """Take in what a save said: the pending events are stored, and the stop fact."""
         self.pending.clear()
-        self.stop_seen = row[0] is not None
+        self.stop_seen = saved.stop_requested
 
     def _checkpoint(self) -> dict[str, Any]:
-        guard = self.guard.checkpoint()
-        for name in _FROM_TRACE:
-            del guard[name]
+        # What grows with the phase stays out (the trace holds it, store.history rebuilds
+        # it), so that a step's cost does not grow with the phase's length.
         return {
             "phase": self.task.phase,
-            "guard": guard,
+            "guard": self.guard.checkpoint(history=False),
             "agent": self.agent.memory,
             "observation": _encode(self.observation),
         }
@@ -791,31 +479,23 @@ class _Driver:
             # A step failed on the database: that is no verdict on the task. Record nothing;
             # recovery settles what was in flight and resumes from the last checkpoint.
             raise DatabaseError(f"the ledger failed ({self.ledger.unavailable}); left to recovery")
-        if (
-            report.reason is Reason.OPERATOR_STOP
-            and not Task.objects.filter(id=self.task.id, stop_requested_at__isnull=False).exists()
-        ):
+        if report.reason is Reason.OPERATOR_STOP and not self.store.stop_requested():
             # The guard stopped because the stop fact could not be read, not because an
             # operator asked: record nothing and let recovery resume the task.
             raise DatabaseError("stopped on an unreadable stop fact; leaving it to recovery")
-        with transaction.atomic():
-            task = (
-                Task.objects.select_for_update()
-                .filter(id=self.task.id, lease_owner=self.owner, state=TaskState.RUNNING)
-                .first()
-            )
-            if task is None:
-                raise LeaseLost(f"task {self.task.id} is no longer driven by {self.owner}")
-            finish_task(
-                task,
-                report.state.value,
-                report.reason.value,
-                report.to_dict(),
-                detail=report.detail,
-                counters=_counters(report.usage, report.revision),
-                checkpoint=self._checkpoint(),
-            )
+        self.store.finish(report, checkpoint=self._checkpoint())
         return f"{report.state}/{report.reason}"
+
+    def _request(self, ticket: Ticket, decision: str, latency: float | None, **why: str) -> Any:
+        """The trace event of ``ticket``'s request, as it stands now."""
+        return _request_event(
+            ticket,
+            decision,
+            latency,
+            args_preview=self.args_preview,
+            revision=self.guard.revision,
+            **why,
+        )
 
     # -- signals --------------------------------------------------------------------------
 
@@ -830,8 +510,7 @@ class _Driver:
             return True
         if self.stop_seen is None:
             try:
-                row = fetch_one(_STOP_FACT, [self.task.id])
-                self.stop_seen = row is None or row[0] is not None
+                self.stop_seen = self.store.stop_requested()
             except DatabaseError:
                 logger.exception("task %s: cannot read its stop fact", self.task.id)
                 return True
@@ -847,123 +526,89 @@ class _Driver:
                 return
             time.sleep(min(left, STOP_POLL_S))
 
-    # -- events ---------------------------------------------------------------------------
 
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        detail = fields.get("detail")
-        if detail:
-            fields["detail"] = redact_text(detail)  # error messages may quote credentials
-        return {"kind": kind, "at": timezone.now(), **fields}
-
-    def _model_event(self, proposal: Any, started: float, *, detail: str = "") -> dict[str, Any]:
-        if isinstance(proposal, Finish):
-            decision, summary = Decision.FINISHED, "finish: " + preview(proposal.answer, 500)
-        elif proposal is None:
-            decision, summary = Decision.BLOCKED, detail
-        else:
-            calls = proposal if isinstance(proposal, list | tuple) else [proposal]
-            names = ", ".join(str(getattr(c, "tool", "?")) for c in calls)
-            decision, summary = Decision.PLANNED, f"{len(calls)} call(s): {names}"[:500]
-        return self._event(
-            EventKind.MODEL_CALL,
-            decision=decision,
-            latency_ms=_ms(time.monotonic() - started),
-            tokens=self.agent.tokens or None,
-            revision=self.guard.revision,
-            detail=summary,
-        )
-
-    def _request_event(
-        self,
-        ticket: Ticket,
-        decision: str,
-        latency: float | None,
-        *,
-        reason: str = "",
-        detail: str = "",
-    ) -> dict[str, Any]:
-        call, result = ticket.call, ticket.result
-        return self._event(
-            EventKind.REQUEST,
-            decision=decision,
-            reason=reason,
-            tool=call.tool,
-            fingerprint=ticket.fingerprint,
-            args_preview=preview(call.args),
-            result_kind="" if result is None else str(result.kind),
-            result_preview="" if result is None else preview(result.data),
-            revision=self.guard.revision,
-            operation_key=call.operation_key or "",
-            latency_ms=None if latency is None else _ms(latency),
-            detail=detail,
-        )
-
-    def _blocked_event(self, report: Report) -> dict[str, Any]:
-        about = report.call or {}
-        return self._event(
-            EventKind.REQUEST,
-            decision=Decision.BLOCKED,
-            reason=report.reason,
-            tool=str(about.get("tool") or "")[:200],
-            fingerprint=str(about.get("fingerprint") or ""),
-            operation_key=str(about.get("operation_key") or "")[:200],
-            revision=report.revision,
-            detail=report.detail[:2000],
-        )
-
-    def _nudge_event(self, nudge: Nudge) -> dict[str, Any]:
-        return self._event(
-            EventKind.REQUEST,
-            decision=Decision.NUDGED,
-            reason=nudge.reason,
-            tool=nudge.tool,
-            fingerprint=nudge.fingerprint,
-            revision=self.guard.revision,
-            detail=nudge.message,
-        )
+# -- trace events (redacted, timed, numbered by the store) -------------------------------------
 
 
-_CHECKPOINT_FIELD = Task._meta.get_field("checkpoint")
-
-# Parts of the guard's checkpoint left out of the stored one: they grow with the phase
-# (every operation key it touched, its latest completed requests), so saving them with
-# every step would make a step's cost grow with the phase's length, and the phase's trace
-# events hold them already. _trace_history rebuilds them when a phase resumes.
-_FROM_TRACE = ("touched", "completed")
+def _event(kind: str, **fields: Any) -> dict[str, Any]:
+    detail = fields.get("detail")
+    if detail:
+        fields["detail"] = redact_text(detail)  # error messages may quote credentials
+    return {"kind": kind, "at": timezone.now(), **fields}
 
 
-def _trace_history(task: Task) -> dict[str, list[Any]]:
-    """The guard's ``touched`` and ``completed`` for the task's phase, from its trace.
-
-    ``touched``: the operation keys its requests named, in first-seen order (one that was
-    never claimed has no ledger entry, so the stop report cannot list it). ``completed``:
-    the latest ``COMPLETED_KEPT`` requests that executed or reused a successful result.
-    """
-    requests = (
-        TraceEvent.objects.filter(task_id=task.id, phase=task.phase, kind=EventKind.REQUEST)
-        .order_by("seq")
-        .values_list(
-            "tool", "fingerprint", "operation_key", "decision", "reason", "result_kind", "revision"
-        )
+def _model_event(
+    proposal: Any, started: float, *, tokens: int, revision: int, detail: str = ""
+) -> dict[str, Any]:
+    if isinstance(proposal, Finish):
+        decision, summary = Decision.FINISHED, "finish: " + preview(proposal.answer, 500)
+    elif proposal is None:
+        decision, summary = Decision.BLOCKED, detail
+    else:
+        calls = proposal if isinstance(proposal, list | tuple) else [proposal]
+        names = ", ".join(str(getattr(c, "tool", "?")) for c in calls)
+        decision, summary = Decision.PLANNED, f"{len(calls)} call(s): {names}"[:500]
+    return _event(
+        EventKind.MODEL_CALL,
+        decision=decision,
+        latency_ms=_ms(time.monotonic() - started),
+        tokens=tokens or None,
+        revision=revision,
+        detail=summary,
     )
-    touched: dict[str, None] = {}
-    completed: list[list[Any]] = []
-    for tool, fp, key, decision, reason, kind, revision in requests.iterator():
-        ran = decision in (Decision.EXECUTED, Decision.REUSED)
-        if key and (ran or reason in _MET_THE_LEDGER):
-            touched.setdefault(key, None)
-        if ran and kind == Kind.SUCCESS and reason in _COMPLETED_THEN:
-            completed.append([tool, fp, key or None, decision == Decision.REUSED, revision or 0])
-    return {"touched": list(touched), "completed": completed[-COMPLETED_KEPT:]}
 
 
-# A request blocked for these reasons had its key looked up in the ledger first.
-_MET_THE_LEDGER = frozenset(
-    {Reason.OPERATION_CONFLICT, Reason.OPERATION_IN_FLIGHT, Reason.UNKNOWN_COMMIT}
-)
-# A successful request counts as completed unless it stopped the task before the guard
-# could count it (its evidence was refused, its commit could not be settled).
-_COMPLETED_THEN = frozenset({"", Reason.GOAL_MET, Reason.NO_PROGRESS, Reason.INVALID_WAIT})
+def _request_event(
+    ticket: Ticket,
+    decision: str,
+    latency: float | None,
+    *,
+    args_preview: str,
+    revision: int,
+    reason: str = "",
+    detail: str = "",
+) -> dict[str, Any]:
+    call, result = ticket.call, ticket.result
+    return _event(
+        EventKind.REQUEST,
+        decision=decision,
+        reason=reason,
+        tool=call.tool,
+        fingerprint=ticket.fingerprint,
+        args_preview=args_preview,
+        result_kind="" if result is None else str(result.kind),
+        result_preview="" if result is None else preview(result.data),
+        revision=revision,
+        operation_key=call.operation_key or "",
+        latency_ms=None if latency is None else _ms(latency),
+        detail=detail,
+    )
+
+
+def _blocked_event(report: Report) -> dict[str, Any]:
+    about = report.call or {}
+    return _event(
+        EventKind.REQUEST,
+        decision=Decision.BLOCKED,
+        reason=report.reason,
+        tool=str(about.get("tool") or "")[:200],
+        fingerprint=str(about.get("fingerprint") or ""),
+        operation_key=str(about.get("operation_key") or "")[:200],
+        revision=report.revision,
+        detail=report.detail[:2000],
+    )
+
+
+def _nudge_event(nudge: Nudge, revision: int) -> dict[str, Any]:
+    return _event(
+        EventKind.REQUEST,
+        decision=Decision.NUDGED,
+        reason=nudge.reason,
+        tool=nudge.tool,
+        fingerprint=nudge.fingerprint,
+        revision=revision,
+        detail=nudge.message,
+    )
 
 
 def _ms(seconds: float) -> int:

@@ -20,9 +20,11 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.utils import timezone
 
-from guard import Limits, Reason, State
-from guard import canonical_json as guard_canonical_json
+from guard import Limits
+from guard.steps import DIMENSIONS, OPERATION_MOVES
+from guard.steps import canonical_json as guard_canonical_json
 
+from . import lifecycle
 from .agents import UnknownAgent, agent_class
 from .models import (
     RESTART_LOOP,
@@ -36,18 +38,11 @@ from .models import (
     TaskState,
 )
 from .redaction import redact
-from .runner import finish_task, report_from_task
 
 MAX_INPUT_BYTES = 64 * 1024
-BUDGET_REASONS = {
-    Reason.DEADLINE.value: "deadline_ms",
-    Reason.MODEL_BUDGET.value: "model_calls",
-    Reason.REQUEST_BUDGET.value: "requests",
-    Reason.EXECUTION_BUDGET.value: "executions",
-    Reason.TOKEN_BUDGET.value: "tokens",
-    Reason.POLL_BUDGET.value: "polls",
-}
-GRANTABLE = ("deadline_ms", "model_calls", "requests", "executions", "tokens", "polls")
+# The budget each stop reason says ran out, and the budgets a resumption may grant.
+BUDGET_REASONS = {d.reason.value: d.limit for d in DIMENSIONS}
+GRANTABLE = tuple(d.limit for d in DIMENSIONS)
 LIMIT_FIELDS = tuple(f.name for f in fields(Limits))
 
 
@@ -167,12 +162,7 @@ def task_start(
                 f"started {recent + 1} times within "
                 f"{settings.LOOPGUARD_RESTART_WINDOW_SECONDS} s with the same input"
             )
-            report = report_from_task(task, State.NEEDS_HUMAN, RESTART_LOOP, detail).to_dict()
-            report["reason"] = RESTART_LOOP
-            report["resume_condition"] = (
-                "Find what keeps starting this goal again; approve resumption to run it anyway."
-            )
-            finish_task(task, State.NEEDS_HUMAN, RESTART_LOOP, report, detail=detail)
+            lifecycle.hold(task, detail)
         else:
             transaction.on_commit(lambda: enqueue(task.id))
         if user is not None:
@@ -201,26 +191,16 @@ def task_stop(*, task_id: int, actor: User, reason: str) -> Task:
     with transaction.atomic():
         task = _lock_task(task_id)
         before = {"state": task.state, "stop_requested": task.stop_requested_at is not None}
-        now = timezone.now()
         if task.state == TaskState.RUNNING:
             if task.stop_requested_at is not None:
                 raise StaleState(f"task {task.id} is already stopping")
-            Task.objects.filter(id=task.id, state=TaskState.RUNNING).update(
-                stop_requested_at=now, stop_requested_by=actor, stop_note=reason, updated_at=now
-            )
+            _moving(lifecycle.request_stop, task, actor=actor, note=reason)
         elif task.state == TaskState.QUEUED or (
             task.state == TaskState.NEEDS_HUMAN and task.reason == RESTART_LOOP
         ):
-            Task.objects.filter(id=task.id, state=task.state).update(
-                stop_requested_at=now, stop_requested_by=actor, stop_note=reason
-            )
             # Not started (queued, or held for a restart loop): it ends here, with a stop
             # report of its own after the hold's.
-            detail = f"stopped before it ran: {reason}"
-            report = report_from_task(task, State.CANCELLED, Reason.OPERATOR_STOP, detail)
-            finish_task(
-                task, State.CANCELLED, Reason.OPERATOR_STOP, report.to_dict(), detail=detail
-            )
+            _moving(lifecycle.cancel, task, actor=actor, note=reason)
         else:
             raise StaleState(f"task {task.id} has already stopped ({task.state})")
         task.refresh_from_db()
@@ -262,22 +242,23 @@ def _settle(key: str, actor: User, evidence: str, *, committed: bool, result: An
             ).exists()
             if live:
                 raise Refused(f"{key} is being executed right now; wait for it to finish")
-        elif op.state != OperationState.UNKNOWN:
+        move = "settle_committed" if committed else "settle_not_committed"
+        sources, target = OPERATION_MOVES[move]
+        if op.state not in sources:
             raise StaleState(f"{key} is already {op.state}")
         before = {"state": op.state}
-        target = OperationState.COMMITTED if committed else OperationState.NOT_COMMITTED
         stored = None
         if committed:
             stored = {"kind": "SUCCESS", "data": redact(result), "wait_ms": None, "attempts": 1}
         updated = Operation.objects.filter(id=op.id, state=op.state).update(
-            state=target, result=stored, evidence=evidence, updated_at=timezone.now()
+            state=target.value, result=stored, evidence=evidence, updated_at=timezone.now()
         )
         if updated != 1:  # pragma: no cover - the row is locked
             raise StaleState(f"{key} changed while it was being settled")
         OperationEvent.objects.create(
             operation=op,
             from_state=op.state,
-            to_state=target,
+            to_state=target.value,
             actor=actor,
             evidence=evidence,
         )
@@ -335,35 +316,8 @@ def task_approve_resumption(
                 continue  # unbounded stays unbounded
             limits[name] = int(limits.get(name, 0)) + amount
         before = {"state": task.state, "reason": task.reason, "limits": task.limits}
-        number = task.phase + 1
-        now = timezone.now()
-        updated = Task.objects.filter(id=task.id, state=task.state).update(
-            state=TaskState.QUEUED,
-            reason="",
-            detail="",
-            limits=limits,
-            phase=number,
-            stop_requested_at=None,
-            stop_requested_by=None,
-            stop_note="",
-            finished_at=None,
-            updated_at=now,
-        )
-        if updated != 1:  # pragma: no cover - the row is locked
-            raise StaleState(f"task {task.id} changed while resuming")
-        Phase.objects.create(
-            task=task,
-            number=number,
-            approved_by=actor,
-            approval_note=reason,
-            grant=grant,
-            usage_at_start={
-                "model_calls": task.model_calls,
-                "requests": task.requests,
-                "executions": task.executions,
-                "tokens": task.tokens,
-                "elapsed_ms": task.elapsed_ms,
-            },
+        number = _moving(
+            lifecycle.resume, task, actor=actor, note=reason, grant=grant, limits=limits
         )
         _audit(actor, AuditAction.APPROVE_RESUMPTION, reason, task=task, before=before,
                after={"state": TaskState.QUEUED, "phase": number, "grant": grant,
@@ -384,6 +338,14 @@ def _has_nul(value: Any) -> bool:
     if isinstance(value, list):
         return any(_has_nul(v) for v in value)
     return False
+
+
+def _moving[T](move: Callable[..., T], task: Task, **kwargs: Any) -> T:
+    """A lifecycle move, its lost race told as the person's stale view."""
+    try:
+        return move(task, **kwargs)
+    except lifecycle.LostRace as exc:
+        raise StaleState(str(exc)) from exc
 
 
 def _lock_task(task_id: int) -> Task:
@@ -436,3 +398,52 @@ __all__ = [
     "task_start",
     "task_stop",
 ]
+
+
+def operation_look_up(*, key: str, actor: User) -> tuple[Operation, dict[str, Any]]:
+    """Ask the tool's own lookup what the business system knows of ``key``; settle nothing.
+
+    Returns the operation, in the state it keeps for a reconciler to decide, and what was
+    found, redacted, as the audit log records it: ``committed``, ``evidence`` and ``result``,
+    or an ``error`` saying why nothing could be told. Raises :class:`NotFound` for an unknown
+    key and :class:`Refused` for someone not signed in.
+    """
+    import logging
+
+    if not actor.is_authenticated:
+        raise Refused("a signed-in person is required")
+    op = Operation.objects.filter(key=key).select_related("task").first()
+    if op is None:
+        raise NotFound(f"there is no operation {key}")
+    # The lookup is I/O on the business system: it runs outside any transaction, and the
+    # audit entry, written after it, is the only thing this records.
+    found: dict[str, Any]
+    try:
+        agent = agent_class(op.task.agent)(op.task.id, op.task.input, {})
+        tool = next((t for t in agent.tools() if t.name == op.tool), None)
+        if tool is None or tool.lookup is None:
+            found = {"error": f"the tool {op.tool or '?'} has no lookup"}
+        else:
+            settlement = tool.lookup(key)
+            found = {
+                "committed": settlement.committed,
+                "evidence": settlement.evidence,
+                "result": None if settlement.result is None else settlement.result.to_dict(),
+            }
+    except Exception as exc:  # the business system failing is an answer to show, not a 500
+        logging.getLogger(__name__).exception("lookup of %s failed", key)
+        found = {"error": f"the lookup failed: {type(exc).__name__}: {exc}"[:500]}
+    found = redact(found)  # what a business system answers may hold secrets too
+    with transaction.atomic():
+        _audit(
+            actor,
+            AuditAction.LOOKUP,
+            "looked the operation up in the business system",
+            task_id=op.task_id,
+            operation=op,
+            after=found,
+        )
+    return op, found
+
+
+__all__ += ["operation_look_up"]

@@ -4,8 +4,10 @@ A guarded step sends a handful of statements whose text never changes (the claim
 settling move, the step's save). Django binds parameters on the client and sends each
 statement as new text, so PostgreSQL parses and plans it every time: for these CTEs that
 is more work than executing them. Here they go through a server-side binding cursor that
-prepares them on the connection; the Django cursor wrapper around it keeps its error
-translation and ``execute_wrapper`` hooks.
+prepares them on the connection. It is made once per database session and reused by every
+statement, with Django's error translation, its health check and its broken-transaction
+check; when something watches the connection (an ``execute_wrapper``, the query log of
+``DEBUG``) the statement goes through Django's cursor wrapper instead, so it is seen.
 
 Prepared statements live in the database session. Behind a transaction-pooling
 PgBouncer, enable its ``max_prepared_statements`` (1.21+) or set
@@ -29,10 +31,44 @@ _NEVER_BY_COUNT = 2**31 - 1
 
 def fetch_one(sql: str, params: Params) -> tuple[Any, ...] | None:
     """Execute ``sql`` and return its first row (None when it returns none)."""
+    db = connections[DEFAULT_DB_ALIAS]  # the thread's wrapper, looked up once
+    # With DEBUG's query log on, statements go through Django's debug cursor, as made.
+    prepared = settings.LOOPGUARD_PREPARED_STATEMENTS and not db.queries_logged
+    if db.vendor == "postgresql" and prepared:
+        return _fetch_prepared(db, sql, params)
     with _cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     return None if row is None else tuple(row)
+
+
+def _fetch_prepared(db: Any, sql: str, params: Params) -> tuple[Any, ...] | None:
+    """The hot path: one prepared cursor per session, reused for every statement, with
+    Django's error translation and its broken-transaction check; through Django's cursor
+    wrapper (kept with it) only when an ``execute_wrapper`` watches the connection."""
+    db.close_if_health_check_failed()  # as Django's own cursors do (CONN_HEALTH_CHECKS)
+    if db.connection is None:
+        db.ensure_connection()
+    session = db.connection
+    cached = getattr(db, "_loopguard_cursor", None)
+    if cached is None or cached[0] is not session:
+        db.validate_thread_sharing()
+        if session.prepare_threshold is None:
+            session.prepare_threshold = _NEVER_BY_COUNT
+        raw = _Prepared(session)
+        cached = (session, raw, CursorWrapper(raw, db))
+        db._loopguard_cursor = cached
+    cursor = cached[1]
+    if db.execute_wrappers:
+        wrapped = cached[2]
+        wrapped.execute(sql, params)
+        return wrapped.fetchone()  # type: ignore[no-any-return]
+    if db.needs_rollback:
+        db.validate_no_broken_transaction()
+    with db.wrap_database_errors:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return row
 
 
 def _cursor() -> CursorWrapper:

@@ -33,8 +33,9 @@ from console.models import (
     TraceEvent,
 )
 from console.roles import Role, assign
-from console.runner import _event_row, save_ctes
-from guard import Call, ClaimStatus, Kind, LedgerError, Result
+from console.store import Step
+from guard import Call, Kind, Result
+from guard.steps import ClaimStatus, LedgerError
 from tests.waiting import CLAIMER, release_together
 from tests.workers import database_url
 
@@ -291,15 +292,15 @@ def test_get_returns_the_entry_or_none() -> None:
 # -- the gate: stop and lease, in the claim's own transaction --------------------------------
 
 
-def carrying(ledger: DatabaseLedger, task: Task) -> DatabaseLedger:
-    """``ledger`` with the driver's save of a model call (its event and counters) to carry
-    on its next claim, as the runner sends it when the model proposed one write."""
+def carrying(ledger: DatabaseLedger, task: Task) -> Step:
+    """The driver's save of a model call (its event and counters), given to ``ledger`` to
+    carry on its next claim, as the runner sends it when the model proposed one write."""
     event = {"kind": "model_call", "at": timezone.now(), "decision": "planned"}
-    params = [1, 1, 1, 0, 0, 0, 0, task.next_seq + 1, timezone.now(), task.id, ledger.owner]
-    ledger.carry(
-        save_ctes(1, False, True), [*params, *_event_row(task.id, 1, task.next_seq, event)]
-    )
-    return ledger
+    usage = {"model_calls": 1, "requests": 1, "executions": 1, "tokens": 0, "polls": 0}
+    step = Step({**usage, "elapsed_ms": 0}, 0, (event,))
+    assert ledger.store.next_seq == task.next_seq
+    ledger.carry = step
+    return step
 
 
 def saved_events(task: Task) -> list[str]:
@@ -310,8 +311,7 @@ def saved_events(task: Task) -> list[str]:
 def test_a_claim_after_the_stop_is_recorded_raises_and_inserts_nothing(carried: bool) -> None:
     task = running_task(stop_requested_at=timezone.now())
     ledger = ledger_for(task)
-    if carried:
-        carrying(ledger, task)
+    step = carrying(ledger, task) if carried else None
 
     with pytest.raises(StopRecorded):
         ledger.claim(KEY, FP)
@@ -320,17 +320,18 @@ def test_a_claim_after_the_stop_is_recorded_raises_and_inserts_nothing(carried: 
     assert not OperationEvent.objects.exists()
     # The model call that proposed the write is saved all the same, before the stop.
     assert saved_events(task) == (["model_call"] if carried else [])
-    assert (ledger.carried() is not None) is carried
+    assert (step is not None and step.saved is not None) is carried
 
 
 def test_a_claim_carrying_a_save_commits_both_or_neither() -> None:
     task = running_task()
-    ledger = carrying(ledger_for(task), task)
+    ledger = ledger_for(task)
+    step = carrying(ledger, task)
 
     claim = ledger.claim(KEY, FP)
 
     assert claim.status is ClaimStatus.CLAIMED
-    assert ledger.carried() is not None
+    assert step.saved is not None
     task.refresh_from_db()
     assert (task.model_calls, task.requests, task.executions, task.next_seq) == (1, 1, 1, 2)
     assert saved_events(task) == ["model_call"]

@@ -56,7 +56,6 @@ print(json.dumps([[t.id, t.lease_owner] for t in racers]))
 """
 
 
-
 def standalone_env(data: Path) -> dict[str, str]:
     return {
         **os.environ,
@@ -134,8 +133,12 @@ task = Task.objects.create(agent="paging", input_fingerprint="f", limits={})
 StopReport.objects.create(task=task, phase=1, state="CANCELLED", reason="operator_stop",
                           report={})
 """
-HISTORY = ["console_traceevent", "console_operationevent", "console_stopreport",
-           "console_auditentry"]
+HISTORY = [
+    "console_traceevent",
+    "console_operationevent",
+    "console_stopreport",
+    "console_auditentry",
+]
 
 
 def test_after_every_migration_sqlite_history_tables_still_refuse_update_and_delete(
@@ -153,7 +156,79 @@ def test_after_every_migration_sqlite_history_tables_still_refuse_update_and_del
         assert triggers == {
             (table, f"{table}_append_only_{op}") for table in HISTORY for op in ("update", "delete")
         }
-        for statement in ("UPDATE console_stopreport SET reason = 'x'",
-                          "DELETE FROM console_stopreport"):
+        for statement in (
+            "UPDATE console_stopreport SET reason = 'x'",
+            "DELETE FROM console_stopreport",
+        ):
             with pytest.raises(sqlite3.IntegrityError, match="append-only"):
                 db.execute(statement)
+
+
+# Drives tasks on SQLite with the runner, as the standalone console does: reads, writes
+# (one of them lost and settled by its lookup), and a stop recorded while the model thinks
+# about a write, which the claim carrying the model call's save must see.
+DRIVE = """
+import json
+import django
+django.setup()
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from console import runner, services
+from console.models import Operation, Task, TraceEvent
+from tests.console.agents import NoticeWriter
+call_command("migrate", verbosity=0)
+operator = User.objects.create_user("olga")
+def start(agent, input):
+    return services.task_start(agent=agent, input=input, enqueue=lambda task_id: None)
+def seen(task):
+    task.refresh_from_db()
+    events = TraceEvent.objects.filter(task=task).order_by("seq")
+    kinds = list(events.values_list("kind", "decision"))
+    ops = sorted(Operation.objects.filter(task=task).values_list("state", flat=True))
+    return {"end": [task.state, task.reason], "counted": [task.model_calls, task.executions],
+            "trace": kinds, "operations": ops}
+out = {}
+reads, writes = start("test_reader", {"pages": 3}), start("test_notices", {"count": 3, "lose": 2})
+out["reads"] = [runner.drive(reads.id), seen(reads)]
+out["writes"] = [runner.drive(writes.id), seen(writes)]
+real_plan = NoticeWriter.plan
+def plan_then_stop(self, observation):
+    proposal = real_plan(self, observation)
+    if getattr(proposal, "operation_key", "").endswith("-notice-2"):
+        services.task_stop(task_id=self.task_id, actor=operator, reason="stop it")
+    return proposal
+NoticeWriter.plan = plan_then_stop
+stopped = start("test_notices", {"count": 3})
+out["stopped"] = [runner.drive(stopped.id), seen(stopped)]
+print(json.dumps(out))
+"""
+
+
+def test_on_sqlite_the_runner_saves_every_step_and_a_claim_sees_a_stop_recorded_meanwhile(
+    tmp_path: Path,
+) -> None:
+    drive = python(DRIVE, env=standalone_env(tmp_path))
+    out, err = drive.communicate(timeout=180)
+    assert drive.returncode == 0, err
+    seen = json.loads(out.strip().splitlines()[-1])
+
+    outcome, reads = seen["reads"]
+    assert outcome == "COMPLETED/goal_met"
+    assert reads["counted"] == [3, 3]
+    assert reads["trace"] == [["model_call", "planned"], ["request", "executed"]] * 3 + [
+        ["stop", ""]
+    ]
+    outcome, writes = seen["writes"]
+    assert outcome == "COMPLETED/goal_met"
+    assert writes["counted"][1] == 3
+    assert writes["operations"] == ["COMMITTED"] * 3  # the lost one settled by its lookup
+    outcome, stopped = seen["stopped"]
+    assert stopped["end"] == ["CANCELLED", "operator_stop"]
+    assert stopped["counted"][1] == 1
+    assert stopped["operations"] == ["COMMITTED"]
+    # The model call that proposed the refused write is in the trace, before the stop.
+    assert stopped["trace"][-3:] == [
+        ["model_call", "planned"],
+        ["request", "blocked"],
+        ["stop", ""],
+    ]

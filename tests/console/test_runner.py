@@ -15,7 +15,7 @@ from django.contrib.auth.models import User
 from django.db import DatabaseError, connection, connections
 from django.utils import timezone
 
-from console import runner, services
+from console import runner, services, statements
 from console.demo.models import Notice
 from console.ledger import DatabaseLedger
 from console.models import (
@@ -27,6 +27,7 @@ from console.models import (
     TaskState,
     TraceEvent,
 )
+from console.store import postgresql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -568,7 +569,7 @@ def test_a_verified_write_whose_save_is_cut_off_is_still_recorded_committed(
     the driver records the write on its own before giving up, so recovery resumes the task
     instead of sending it to a human with an UNKNOWN operation."""
     task = start("test_notices", {"count": 2})
-    real_fetch_one = runner.fetch_one
+    real_fetch_one = statements.fetch_one
     cut: list[str] = []
 
     def fetch_one_cut_at_the_first_record(sql: str, params: Any) -> Any:
@@ -577,7 +578,7 @@ def test_a_verified_write_whose_save_is_cut_off_is_still_recorded_committed(
             _terminate(connection)
         return real_fetch_one(sql, params)
 
-    monkeypatch.setattr(runner, "fetch_one", fetch_one_cut_at_the_first_record)
+    monkeypatch.setattr(postgresql, "fetch_one", fetch_one_cut_at_the_first_record)
     with pytest.raises(DatabaseError):
         runner.drive(task.id)
     connection.close()

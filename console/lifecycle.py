@@ -1,0 +1,436 @@
+"""The task state machine: every move of a task's state, and nothing else moves it.
+
+Each move is a conditional update "from this state to that one" (:data:`TASK_MOVES`)
+that writes its history in the same transaction: a stop report, the phase's end and a
+``STOP`` trace event when a task reaches a terminal state; the new phase when it resumes.
+A move that finds the task in another state than the one it starts from raises
+:class:`LostRace`: someone else moved it first. Call every move inside a transaction;
+the services lock the task row first and write their audit entry in the same
+transaction, the drivers and the recovery sweep hold the row or its lease.
+
+Operation moves made here (recovery's) go by ``guard.steps.OPERATION_MOVES``, as the step
+store's and the services' do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db.models import F
+from django.utils import timezone
+
+from guard import Limits, Reason, Report, Result, State, Usage
+from guard import OperationState as EntryState
+from guard.steps import DIMENSIONS, OPERATION_MOVES
+from guard.steps import Operation as Entry
+
+from .models import (
+    RESTART_LOOP,
+    TERMINAL_STATES,
+    EventKind,
+    Operation,
+    OperationEvent,
+    Phase,
+    StopReport,
+    Task,
+    TaskState,
+    TraceEvent,
+)
+from .redaction import redact, redact_text
+
+logger = logging.getLogger(__name__)
+
+_RESUMABLE = frozenset(TERMINAL_STATES - {TaskState.COMPLETED.value})
+
+TASK_MOVES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    # A driver takes a queued task (the first start, a resumption, a requeue).
+    "start": (frozenset({TaskState.QUEUED}), frozenset({TaskState.RUNNING})),
+    # A driver takes over a running task whose driver's lease ran out (after recovery).
+    "take_over": (frozenset({TaskState.RUNNING}), frozenset({TaskState.RUNNING})),
+    # An operator asks a running task to stop: its driver ends it.
+    "request_stop": (frozenset({TaskState.RUNNING}), frozenset({TaskState.RUNNING})),
+    # A driver records the guard's stop, or recovery a lost driver's end.
+    "finish": (frozenset({TaskState.RUNNING}), frozenset(TERMINAL_STATES)),
+    # The same goal keeps being started: held for a person before it runs.
+    "hold": (frozenset({TaskState.QUEUED}), frozenset({TaskState.NEEDS_HUMAN})),
+    # Stopped before it ran: queued, or held for a restart loop.
+    "cancel": (
+        frozenset({TaskState.QUEUED, TaskState.NEEDS_HUMAN}),
+        frozenset({TaskState.CANCELLED}),
+    ),
+    # An approved resumption opens a new phase.
+    "resume": (_RESUMABLE, frozenset({TaskState.QUEUED})),
+    # Recovery hands a running task whose driver is gone back to the queue.
+    "requeue": (frozenset({TaskState.RUNNING}), frozenset({TaskState.QUEUED})),
+}
+"""Every move a task may make: name -> (states it may leave, states it may reach)."""
+
+_LOSE_FROM, _LOSE_TO = OPERATION_MOVES["lose"]
+
+
+class LostRace(RuntimeError):
+    """The task was not in the state a move starts from: someone else moved it first."""
+
+
+# -- the task's values, from DIMENSIONS ------------------------------------------------------
+
+
+def limits_of(task: Task) -> Limits:
+    """The task's cumulative limits as the guard's value."""
+    raw = dict(task.limits)
+    raw["exempt"] = frozenset(raw.get("exempt", ()))
+    return Limits(**raw)
+
+
+def usage_of(task: Task) -> Usage:
+    """What the task has spent, from its counters (``Usage`` fields are ``Task`` columns)."""
+    return Usage(**{d.used: getattr(task, d.used) for d in DIMENSIONS})
+
+
+def counters_of(usage: Usage, revision: int) -> dict[str, int]:
+    """The task row's counter columns for ``usage`` and ``revision``."""
+    return {**{d.used: getattr(usage, d.used) for d in DIMENSIONS}, "revision": revision}
+
+
+def entry_of(row: Operation) -> Entry:
+    """The guard's view of an operation row."""
+    return Entry(
+        key=row.key,
+        fingerprint=row.fingerprint,
+        state=EntryState(row.state),
+        result=None if row.result is None else Result.from_dict(row.result),
+        attempts=row.attempts,
+        evidence=row.evidence,
+    )
+
+
+def report_from_task(task: Task, state: str, reason: str, detail: str = "") -> Report:
+    """A stop report for a task stopped outside the guard (before it ran, or by recovery)."""
+    operations = tuple(entry_of(op) for op in task.operations.order_by("claimed_at", "id"))
+    return Report(
+        state=State(state),
+        reason=Reason(reason) if reason in Reason else Reason.OPERATOR_STOP,
+        revision=task.revision,
+        operations=operations,
+        remaining=limits_of(task).remaining(usage_of(task)),
+        detail=detail,
+        **{d.used: getattr(task, d.used) for d in DIMENSIONS},
+    )
+
+
+# -- moves -----------------------------------------------------------------------------------
+
+
+def _moved(task_id: int, move: str, target: str, *, seen: str, **fields: Any) -> None:
+    """The conditional update of one move: from ``seen`` (which the move may leave) to
+    ``target``; raises :class:`LostRace` unless exactly one row changed."""
+    sources, targets = TASK_MOVES[move]
+    if seen not in sources or target not in targets:
+        raise LostRace(f"task {task_id} cannot {move} from {seen} to {target}")
+    condition: dict[str, Any] = {"id": task_id, "state": seen}
+    if "lease_owner__exact" in fields:
+        condition["lease_owner"] = fields.pop("lease_owner__exact")
+    if Task.objects.filter(**condition).update(state=target, **fields) != 1:
+        raise LostRace(f"task {task_id} is no longer {seen}")
+
+
+def finish_task(
+    task: Task,
+    state: str,
+    reason: str,
+    report: Mapping[str, Any],
+    *,
+    detail: str = "",
+    counters: Mapping[str, int] | None = None,
+    checkpoint: Any = None,
+    owner: str | None = None,
+) -> None:
+    """Move ``task`` (as the caller saw it, holding its row) to a terminal state with its
+    stop report, its phase's end and a ``STOP`` trace event.
+
+    From ``RUNNING`` it is ``finish`` (``owner``: only while that driver holds the lease),
+    from ``QUEUED`` a ``hold`` (``NEEDS_HUMAN``) or a ``cancel``; a task held for a restart
+    loop may be cancelled too.
+    """
+    seen = str(task.state)
+    if seen == TaskState.RUNNING:
+        move = "finish"
+    elif state == TaskState.CANCELLED:
+        if seen == TaskState.NEEDS_HUMAN and task.reason != RESTART_LOOP:
+            raise LostRace(f"task {task.id} has already stopped ({seen})")
+        move = "cancel"
+    else:
+        move = "hold"
+    now = timezone.now()
+    detail = redact_text(detail)  # error messages may quote credentials
+    fields: dict[str, Any] = {
+        "reason": reason,
+        "detail": detail[:2000],
+        "finished_at": now,
+        "updated_at": now,
+        "lease_owner": "",
+        "lease_expires_at": None,
+        **(counters or {}),
+    }
+    if owner is not None:
+        fields["lease_owner__exact"] = owner
+    if checkpoint is not None:
+        fields["checkpoint"] = checkpoint
+    _moved(task.id, move, state, seen=seen, **fields)
+    Phase.objects.filter(task_id=task.id, number=task.phase).update(
+        ended_at=now, state=state, reason=reason
+    )
+    StopReport.objects.create(
+        task_id=task.id, phase=task.phase, state=state, reason=reason, report=redact(report)
+    )
+    TraceEvent.objects.create(
+        task_id=task.id,
+        phase=task.phase,
+        seq=_take_seq(task.id, 1),
+        kind=EventKind.STOP,
+        decision="",
+        reason=reason,
+        detail=f"{state}" + (f": {detail}" if detail else ""),
+    )
+    logger.info("task %s stopped %s/%s %s", task.id, state, reason, detail)
+
+
+def _take_seq(task_id: int, count: int) -> int:
+    """Reserve ``count`` trace sequence numbers; returns the first. Inside a transaction."""
+    Task.objects.filter(id=task_id).update(next_seq=F("next_seq") + count)
+    last = Task.objects.filter(id=task_id).values_list("next_seq", flat=True).get()
+    return int(last) - count
+
+
+def finish_drive(
+    task_id: int,
+    owner: str,
+    report: Report,
+    *,
+    checkpoint: Any = None,
+) -> None:
+    """A driver records the guard's stop (``RUNNING`` → the report's state) while it holds
+    the lease; :class:`LostRace` if it does not any more."""
+    task = (
+        Task.objects.select_for_update()
+        .filter(id=task_id, lease_owner=owner, state=TaskState.RUNNING)
+        .first()
+    )
+    if task is None:
+        raise LostRace(f"task {task_id} is no longer driven by {owner}")
+    finish_task(
+        task,
+        report.state.value,
+        report.reason.value,
+        report.to_dict(),
+        detail=report.detail,
+        counters=counters_of(report.usage, report.revision),
+        checkpoint=checkpoint,
+        owner=owner,
+    )
+
+
+def start_drive(task_id: int, owner: str, *, lease_seconds: float) -> Task | str:
+    """Give ``owner`` the task's lease (``start``, or ``take_over`` from a lost driver), or
+    say why not. Settles a lost driver's leftovers first (:func:`recover`); a stop recorded
+    before the task ran ends it here. Inside a transaction."""
+    task = Task.objects.select_for_update().filter(id=task_id).first()
+    if task is None:
+        return "no such task"
+    if task.state not in (TaskState.QUEUED, TaskState.RUNNING):
+        return f"nothing to do: the task is {task.state}"
+    now = timezone.now()
+    if task.lease_owner and task.lease_expires_at and task.lease_expires_at > now:
+        if task.lease_owner != owner:
+            return f"lease held by {task.lease_owner}"
+    elif task.state == TaskState.RUNNING and not recover(task, why="driver lost"):
+        return "recovered: the task stopped"
+    if task.stop_requested_at is not None:
+        report = report_from_task(task, State.CANCELLED, Reason.OPERATOR_STOP)
+        finish_task(task, State.CANCELLED, Reason.OPERATOR_STOP, report.to_dict())
+        return "stopped before it ran"
+    expires = now + timedelta(seconds=lease_seconds)
+    move = "start" if task.state == TaskState.QUEUED else "take_over"
+    _moved(
+        task.id,
+        move,
+        TaskState.RUNNING,
+        seen=task.state,
+        lease_owner=owner,
+        lease_expires_at=expires,
+        updated_at=now,
+    )
+    task.state, task.lease_owner, task.lease_expires_at, task.updated_at = (
+        TaskState.RUNNING,
+        owner,
+        expires,
+        now,
+    )
+    Phase.objects.filter(task_id=task.id, number=task.phase, started_at=None).update(started_at=now)
+    return task
+
+
+def recover(task: Task, *, why: str) -> bool:
+    """A driver of ``task`` is gone. Settle what it left behind; True if the task may go on.
+
+    Its ``IN_FLIGHT`` operations are lost (``OPERATION_MOVES["lose"]``: ``UNKNOWN``): they
+    may or may not have happened and are never run again; the task then stops for a human.
+    Call inside a transaction holding the task row.
+    """
+    stranded = list(
+        Operation.objects.select_for_update()
+        .filter(task_id=task.id, state__in=[s.value for s in _LOSE_FROM if s is not None])
+        .order_by("id")
+    )
+    now = timezone.now()
+    for op in stranded:
+        moved = Operation.objects.filter(id=op.id, state=op.state).update(
+            state=_LOSE_TO.value, updated_at=now
+        )
+        if moved != 1:  # pragma: no cover - the row is locked
+            raise LostRace(f"operation {op.key} changed during recovery")
+        OperationEvent.objects.create(
+            operation=op,
+            from_state=op.state,
+            to_state=_LOSE_TO.value,
+            task_id=task.id,
+            evidence=f"recovery: {why}",
+        )
+    task.recoveries += 1
+    Task.objects.filter(id=task.id).update(recoveries=F("recoveries") + 1)
+    logger.warning("task %s recovered (%s): %d write(s) now UNKNOWN", task.id, why, len(stranded))
+    if stranded:
+        keys = ", ".join(op.key for op in stranded)
+        detail = f"{why}; in flight when it stopped: {keys}"
+        report = report_from_task(task, State.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT, detail)
+        finish_task(task, State.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT, report.to_dict(), detail=detail)
+        return False
+    if task.stop_requested_at is not None:
+        report = report_from_task(task, State.CANCELLED, Reason.OPERATOR_STOP, why)
+        finish_task(task, State.CANCELLED, Reason.OPERATOR_STOP, report.to_dict(), detail=why)
+        return False
+    if task.recoveries > settings.LOOPGUARD_MAX_RECOVERIES:
+        detail = f"{why}; the driver was lost {task.recoveries} times"
+        report = report_from_task(task, State.FAILED, Reason.EXECUTOR_ERROR, detail)
+        finish_task(task, State.FAILED, Reason.EXECUTOR_ERROR, report.to_dict(), detail=detail)
+        return False
+    return True
+
+
+def requeue(task: Task) -> None:
+    """``requeue``: a recovered task whose driver is gone goes back to the queue."""
+    _moved(
+        task.id,
+        "requeue",
+        TaskState.QUEUED,
+        seen=task.state,
+        lease_owner="",
+        lease_expires_at=None,
+        updated_at=timezone.now(),
+    )
+
+
+def hold(task: Task, detail: str) -> None:
+    """``hold``: a task started too often with the same goal waits for a person."""
+    report = report_from_task(task, State.NEEDS_HUMAN, RESTART_LOOP, detail).to_dict()
+    report["reason"] = RESTART_LOOP
+    report["resume_condition"] = (
+        "Find what keeps starting this goal again; approve resumption to run it anyway."
+    )
+    finish_task(task, State.NEEDS_HUMAN, RESTART_LOOP, report, detail=detail)
+
+
+def request_stop(task: Task, *, actor: User, note: str) -> None:
+    """``request_stop``: record the stop fact of a running task; its driver ends it."""
+    now = timezone.now()
+    if task.stop_requested_at is not None:
+        raise LostRace(f"task {task.id} is already stopping")
+    _moved(
+        task.id,
+        "request_stop",
+        TaskState.RUNNING,
+        seen=task.state,
+        stop_requested_at=now,
+        stop_requested_by=actor,
+        stop_note=note,
+        updated_at=now,
+    )
+
+
+def cancel(task: Task, *, actor: User, note: str) -> None:
+    """``cancel``: a task that has not run (queued, or held for a restart loop) ends
+    ``CANCELLED``/``operator_stop`` at once, with a stop report of its own."""
+    now = timezone.now()
+    if (
+        Task.objects.filter(id=task.id, state=task.state).update(
+            stop_requested_at=now, stop_requested_by=actor, stop_note=note
+        )
+        != 1
+    ):
+        raise LostRace(f"task {task.id} is no longer {task.state}")
+    task.stop_requested_at = now
+    detail = f"stopped before it ran: {note}"
+    report = report_from_task(task, State.CANCELLED, Reason.OPERATOR_STOP, detail)
+    finish_task(task, State.CANCELLED, Reason.OPERATOR_STOP, report.to_dict(), detail=detail)
+
+
+def resume(
+    task: Task,
+    *,
+    actor: User,
+    note: str,
+    grant: Mapping[str, int],
+    limits: Mapping[str, Any],
+) -> int:
+    """``resume``: open the next phase with ``limits``; the spent counters carry over.
+    Returns the new phase's number."""
+    number = task.phase + 1
+    _moved(
+        task.id,
+        "resume",
+        TaskState.QUEUED,
+        seen=task.state,
+        reason="",
+        detail="",
+        limits=dict(limits),
+        phase=number,
+        stop_requested_at=None,
+        stop_requested_by=None,
+        stop_note="",
+        finished_at=None,
+        updated_at=timezone.now(),
+    )
+    Phase.objects.create(
+        task=task,
+        number=number,
+        approved_by=actor,
+        approval_note=note,
+        grant=dict(grant),
+        usage_at_start={d.used: getattr(task, d.used) for d in DIMENSIONS},
+    )
+    return number
+
+
+__all__ = [
+    "TASK_MOVES",
+    "LostRace",
+    "cancel",
+    "counters_of",
+    "entry_of",
+    "finish_drive",
+    "finish_task",
+    "hold",
+    "limits_of",
+    "recover",
+    "report_from_task",
+    "request_stop",
+    "requeue",
+    "resume",
+    "start_drive",
+    "usage_of",
+]

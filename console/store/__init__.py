@@ -1,0 +1,172 @@
+"""The step store: everything that persists a guard step, behind one interface.
+
+A driver (the hosted runner today, the attached-agent API next) holds a task's lease and
+hands the store *values*: the step to save (:class:`Step`), the write's record to make
+with it (:class:`Record`), the claim to take. The store answers with values (:class:`Saved`,
+:class:`Claimed`, ``guard.steps.Operation``) or raises :class:`StopRecorded` /
+:class:`LeaseLost`. Each implementation owns all of its SQL: ``postgresql`` combines its
+statements (a claim carrying the step's save as its gate, a save carrying the record),
+``sqlite`` runs the same in one IMMEDIATE transaction. No SQL text leaves its module.
+
+Nothing here assumes a Celery worker or a heartbeat thread: a lease is an owner and an
+expiry, taken with :meth:`StepStore.take_lease` and renewed with
+:meth:`StepStore.renew_lease` by whichever driver holds it (a heartbeat thread, or each
+request of an attached client); the owner may take it again while it holds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from django.db import connection
+
+from guard import Report
+from guard.steps import Claim, LedgerError, Operation
+
+from ..lifecycle import LostRace
+from ..models import Task
+
+
+class StopRecorded(RuntimeError):
+    """The task's stop is recorded: no new claim may be taken for it."""
+
+
+class LeaseLost(LostRace):
+    """Another driver holds the task now (or nobody): this one must not touch it any more."""
+
+
+@dataclass(slots=True)
+class Step:
+    """What a driver saves after a step: the task's counters as they stand (``usage``,
+    by ``guard.steps.DIMENSIONS`` names, including what is counted ahead), its verified
+    ``revision``, the trace ``events`` since the last save (each a mapping of
+    ``TraceEvent`` fields; the store numbers them) and, when it changed, the
+    ``checkpoint`` a restart of the phase resumes from.
+
+    ``durable=False`` lets the commit return before it reaches the disk (PostgreSQL):
+    only for a save that the next synchronous commit follows before any write runs.
+    ``saved`` is set by the store once the step is committed (also when it rode on a
+    claim that then refused).
+    """
+
+    usage: Mapping[str, int]
+    revision: int
+    events: Sequence[Mapping[str, Any]] = ()
+    checkpoint: Mapping[str, Any] | None = None
+    durable: bool = True
+    saved: Saved | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A verified write's record (``IN_FLIGHT`` → ``COMMITTED``), made with the step's save.
+    ``result`` is the stored (redacted) form of the result."""
+
+    key: str
+    fingerprint: str
+    result: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """What a committed save says: whether the task's stop is recorded, and, when it
+    carried a record, why that record could not be made (``None``: made)."""
+
+    stop_requested: bool
+    record_failed: LedgerError | None = None
+
+
+class StepStore(Protocol):
+    """The persistence of one task's steps for the driver ``owner``.
+
+    Every write is conditional on ``owner`` holding the lease (:class:`LeaseLost`
+    otherwise), except :meth:`resolve` (trusted evidence) and reads.
+    """
+
+    task_id: int
+    owner: str
+
+    def take_lease(self, seconds: float) -> Task | str:
+        """Take (or, by its holder, take again) the lease for ``seconds``; the task as it
+        is now, or why not (held by another, finished, stopped before it ran)."""
+        ...
+
+    def renew_lease(self, seconds: float) -> bool:
+        """Extend the lease by ``seconds`` from now; False if ``owner`` lost it."""
+        ...
+
+    def release_lease(self) -> bool:
+        """Give the lease up without ending the task (it stays where it is)."""
+        ...
+
+    def stop_requested(self) -> bool:
+        """Whether the task's stop is recorded (a missing task counts as stopped)."""
+        ...
+
+    def get(self, key: str) -> Operation | None:
+        """The operation ``key``, if any."""
+        ...
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, Operation]:
+        """The operations of ``keys`` that exist."""
+        ...
+
+    def claim(
+        self, key: str, fingerprint: str, *, tool: str, args: str, carry: Step | None = None
+    ) -> Claim:
+        """Claim ``key`` for one execution (see ``guard.Ledger.claim``), gated by the stop
+        fact and the lease in the claim's own transaction; ``carry``: the step's save,
+        committed with the claim (also when the stop then refuses the claim)."""
+        ...
+
+    def settle(
+        self, key: str, fingerprint: str, move: str, result: Mapping[str, Any] | None = None
+    ) -> Operation:
+        """Move an ``IN_FLIGHT`` operation by ``OPERATION_MOVES[move]`` (``record``,
+        ``lose``); ``LedgerError`` when it is not in flight (any more)."""
+        ...
+
+    def resolve(
+        self, key: str, move: str, *, result: Mapping[str, Any] | None, evidence: str
+    ) -> Operation:
+        """Settle an uncertain operation from trusted evidence (``settle_committed``,
+        ``settle_not_committed``)."""
+        ...
+
+    def save(self, step: Step, *, record: Record | None = None) -> Saved:
+        """Save ``step`` (and make ``record`` with it) in one transaction. If the database
+        fails while ``record`` rides on it, the record is tried on its own before the
+        error goes on, so that a verified write is not left for recovery to lose."""
+        ...
+
+    def finish(self, report: Report, *, checkpoint: Mapping[str, Any] | None) -> None:
+        """Record the guard's stop as the task's terminal state (``lifecycle.finish_drive``)."""
+        ...
+
+    def history(self, phase: int) -> dict[str, list[Any]]:
+        """What ``Guard.checkpoint(history=False)`` left out, rebuilt from the phase's trace."""
+        ...
+
+
+def open_store(task_id: int, owner: str) -> StepStore:
+    """The step store of the default database for ``task_id`` driven by ``owner``."""
+    if connection.vendor == "postgresql":
+        from .postgresql import PostgresStore
+
+        return PostgresStore(task_id, owner)
+    from .sqlite import SqliteStore
+
+    return SqliteStore(task_id, owner)
+
+
+__all__ = [
+    "LeaseLost",
+    "Record",
+    "Saved",
+    "Step",
+    "StepStore",
+    "StopRecorded",
+    "open_store",
+]

@@ -1,0 +1,320 @@
+"""The step store on PostgreSQL: every statement of a guarded step, combined here.
+
+Invariant 2 lives in the claim: one ``INSERT … ON CONFLICT … DO UPDATE … WHERE`` under a
+gate on the task row. Of any number of concurrent claims on a fresh key exactly one
+inserts, and a ``NOT_COMMITTED`` entry is taken back by compare-and-set. The gate holds
+the task row (``FOR SHARE``, or the UPDATE of the step's save riding on the claim) so
+that a stop committed by an operator either precedes the claim (and is seen) or waits for
+it (and the execution it allows was decided before the stop).
+
+A step costs a handful of fixed texts, run as prepared statements (``console.statements``):
+
+- the claim, carrying the step's save so far (the model call's event and counters) as
+  its gate when the driver has one: one round trip, one synchronous commit;
+- the save after the tool, carrying the write's record (``IN_FLIGHT`` → ``COMMITTED``):
+  the record commits with its step;
+- other saves, the trace events in the same statement as the counters; a save that the
+  next synchronous commit follows before any write runs may skip the wait for the disk
+  (``Step.durable=False``: ``synchronous_commit`` off for that transaction only).
+
+Every operation move goes by ``guard.steps.OPERATION_MOVES``: the WHERE clauses below are
+built from it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+from django.db import DatabaseError, connection
+
+from guard import Result
+from guard.steps import DIMENSIONS, OPERATION_MOVES, Claim, ClaimStatus, LedgerError
+from guard.steps import Operation as Entry
+
+from ..lifecycle import entry_of
+from ..models import Operation
+from ..statements import fetch_one
+from . import LeaseLost, Record, Saved, Step, StopRecorded
+from .base import BaseStore
+
+logger = logging.getLogger(__name__)
+
+
+def _states(move: str) -> str:
+    """The SQL list of the states ``move`` may leave (the enum's fixed words)."""
+    return ", ".join(sorted(f"'{s.value}'" for s in OPERATION_MOVES[move][0] if s is not None))
+
+
+def _target(move: str) -> str:
+    return f"'{OPERATION_MOVES[move][1].value}'"
+
+
+# The claim: the gate (a CTE named ``saved`` giving the task row's stop fact and lease
+# owner while holding a lock on it), the claim and its history row in one statement.
+# The WHERE of DO UPDATE makes the reclaim of a NOT_COMMITTED key a compare-and-set; any
+# other existing row is left as it is and ``claimed`` is empty.
+_CLAIM = f"""
+WITH {{gate}}, claimed AS (
+    INSERT INTO console_operation
+        (key, fingerprint, state, tool, task_id, args_preview, result, attempts, evidence,
+         claimed_at, updated_at)
+    SELECT %s, %s, {_target("claim")}, %s, %s, %s, NULL, 1, '', now(), now()
+    FROM saved WHERE NOT saved.stopping AND saved.lease_owner = %s
+    ON CONFLICT (key) DO UPDATE
+        SET state = EXCLUDED.state, attempts = console_operation.attempts + 1,
+            task_id = EXCLUDED.task_id, result = NULL, updated_at = EXCLUDED.updated_at
+        WHERE console_operation.state IN ({_states("claim")})
+          AND console_operation.fingerprint = EXCLUDED.fingerprint
+    RETURNING id, attempts, evidence
+), history AS (
+    INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
+                                        evidence)
+    SELECT id, now(), CASE WHEN attempts = 1 THEN '' ELSE 'NOT_COMMITTED' END,
+           {_target("claim")}, %s, ''
+    FROM claimed
+)
+SELECT saved.stopping, saved.lease_owner, claimed.id, claimed.attempts,
+       claimed.evidence
+FROM saved LEFT JOIN claimed ON true
+"""  # noqa: S608 - built from OPERATION_MOVES' fixed words
+_GATE = (
+    "saved AS (SELECT stop_requested_at IS NOT NULL AS stopping, lease_owner"
+    " FROM console_task WHERE id = %s FOR SHARE)"
+)
+
+# An IN_FLIGHT operation settled (``record`` or ``lose``) with its history row, as CTEs:
+# ``moved`` has a row if and only if the move was made. On its own, or in the save after
+# the tool, so that a write's record commits with its step.
+_MOVE = """moved AS (
+    UPDATE console_operation SET state = %s, result = %s::jsonb, updated_at = now()
+    WHERE key = %s AND fingerprint = %s AND state IN ({sources})
+    RETURNING id, attempts, evidence
+), history AS (
+    INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
+                                        evidence)
+    SELECT id, now(), %s, %s, %s, '' FROM moved
+)"""
+
+# The step's counters in one statement, conditional on the lease; it also reads back the
+# stop fact (as a boolean: a time would cost a time zone conversion for nothing), so that
+# the check before the next model call or execution costs nothing extra.
+_SAVE = """
+UPDATE console_task SET {counters}, next_seq = %s, last_step_at = now(){checkpoint}
+WHERE id = %s AND lease_owner = %s AND state = 'RUNNING'{asynchronous}
+RETURNING stop_requested_at IS NOT NULL AS stopping, lease_owner
+"""
+_STOP_FACT = "SELECT stop_requested_at IS NOT NULL FROM console_task WHERE id = %s"
+# A save whose transaction commits without waiting for its WAL to reach the disk (only
+# this transaction: the setting is local to it). PostgreSQL writes WAL in order, so the
+# next synchronous commit (every claim, every save after a tool) makes it durable too.
+_ASYNCHRONOUS = "\n    AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
+
+# The step's trace events travel as one JSON array, unpacked by the server into rows of
+# console_traceevent: one parameter instead of one per column per event (binding each costs
+# the driver more than parsing the array costs the server), and one statement text for any
+# number of events. Missing text fields are blank, missing numbers NULL.
+_EVENT_TEXT = (
+    "kind",
+    "decision",
+    "reason",
+    "tool",
+    "fingerprint",
+    "args_preview",
+    "result_kind",
+    "result_preview",
+    "operation_key",
+    "detail",
+)
+_EVENT_NUMBERS = ("revision", "latency_ms", "tokens")
+_EVENTS = (
+    "INSERT INTO console_traceevent (task_id, phase, seq, at, "  # noqa: S608 - constants only
+    + ", ".join((*_EVENT_TEXT, *_EVENT_NUMBERS))
+    + ") SELECT %s, %s, %s + e.ordinality - 1, e.at, "
+    + ", ".join(f"coalesce(e.{name}, '')" for name in _EVENT_TEXT)
+    + ", "
+    + ", ".join(f"e.{name}" for name in _EVENT_NUMBERS)
+    + " FROM json_populate_recordset(NULL::console_traceevent, %s::json)"
+    " WITH ORDINALITY AS e CROSS JOIN saved"
+)
+
+# The task row's counter columns: ``Usage`` field names are ``Task`` column names.
+_DIMENSIONS = tuple(d.used for d in DIMENSIONS)
+_COUNTERS = ", ".join(f"{name} = %s" for name in (*_DIMENSIONS, "revision"))
+
+
+@cache
+def _save_ctes(events: int, checkpoint: bool, durable: bool) -> str:
+    """A save as CTEs: ``saved`` (the counters' UPDATE, returning the stop fact and the
+    lease owner) feeding ``added`` (the trace events' INSERT, when there are ``events``),
+    so both happen or neither does, and a lost lease inserts nothing. Every value is a
+    parameter: a handful of texts, each prepared once."""
+    save = _SAVE.format(
+        counters=_COUNTERS,
+        checkpoint=", checkpoint = %s::jsonb" if checkpoint else "",
+        asynchronous="" if durable else _ASYNCHRONOUS,
+    ).strip()
+    if not events:
+        return f"saved AS ({save})"
+    return f"saved AS ({save}), added AS ({_EVENTS})"
+
+
+@cache
+def _save_sql(events: int, checkpoint: bool, durable: bool) -> str:
+    ctes = _save_ctes(events, checkpoint, durable)
+    return f"WITH {ctes} SELECT stopping, lease_owner FROM saved"  # noqa: S608
+
+
+@cache
+def _save_with_record_sql(events: int, checkpoint: bool) -> str:
+    """A save that also makes a write's record; its third column says whether it did."""
+    move = _MOVE.format(sources=_states("record"))
+    ctes = _save_ctes(events, checkpoint, True)
+    return (
+        f"WITH {move}, {ctes} "  # noqa: S608 - constants only
+        "SELECT saved.stopping, saved.lease_owner, (SELECT count(*) FROM moved) "
+        "FROM saved"
+    )
+
+
+@cache
+def _move_sql(move: str) -> str:
+    ctes = _MOVE.format(sources=_states(move))
+    return f"WITH {ctes} SELECT attempts, evidence FROM moved"  # noqa: S608 - constants
+
+
+@cache
+def _claim_sql(carried_events: int | None) -> str:
+    """The claim, gated by ``FOR SHARE`` or by a save of ``carried_events`` events."""
+    gate = _GATE if carried_events is None else _save_ctes(carried_events, False, True)
+    return _CLAIM.format(gate=gate)
+
+
+class PostgresStore(BaseStore):
+    """:class:`console.store.StepStore` on PostgreSQL."""
+
+    def stop_requested(self) -> bool:
+        row = fetch_one(_STOP_FACT, [self.task_id])
+        return row is None or bool(row[0])
+
+    # -- claims and moves ------------------------------------------------------------------
+
+    def claim(
+        self, key: str, fingerprint: str, *, tool: str, args: str, carry: Step | None = None
+    ) -> Claim:
+        task = self.task_id
+        claim = [key, fingerprint, tool, task, args, self.owner, task]
+        if carry is None:
+            row = fetch_one(_claim_sql(None), [task, *claim])
+        else:
+            sql = _claim_sql(min(len(carry.events), 1))
+            row = fetch_one(sql, [*self._save_params(carry), *claim])
+        if row is None:
+            if carry is not None:  # the save's UPDATE found no row this owner drives
+                raise LeaseLost(f"task {task} is no longer driven by {self.owner}")
+            raise LeaseLost(f"task {task} does not exist")
+        stopping, lease_owner, claimed_id, attempts, evidence = row
+        if carry is not None:
+            self._saved(carry, row)
+        if stopping:
+            raise StopRecorded(f"task {task} is stopping")
+        if lease_owner != self.owner:
+            raise LeaseLost(f"task {task} is driven by {lease_owner or 'nobody'}")
+        if claimed_id is not None:
+            entry = Entry(key, fingerprint, OPERATION_MOVES["claim"][1], None, attempts, evidence)
+            return Claim(ClaimStatus.CLAIMED, entry)
+        existing = entry_of(Operation.objects.get(key=key))
+        if existing.fingerprint != fingerprint:
+            return Claim(ClaimStatus.CONFLICT, existing)
+        return Claim(_CLAIM_ANSWERS[existing.state], existing)
+
+    def settle(
+        self, key: str, fingerprint: str, move: str, result: Mapping[str, Any] | None = None
+    ) -> Entry:
+        row = fetch_one(_move_sql(move), self._move_params(key, fingerprint, move, result))
+        if row is None:
+            raise self._why_not(key, fingerprint, move)
+        stored = None if result is None else Result.from_dict(dict(result))
+        return Entry(key, fingerprint, OPERATION_MOVES[move][1], stored, row[0], row[1])
+
+    def _move_params(
+        self, key: str, fingerprint: str, move: str, result: Mapping[str, Any] | None
+    ) -> list[Any]:
+        sources, target = OPERATION_MOVES[move]
+        (source,) = sources  # the moves a driver makes leave one state
+        stored = None if result is None else json.dumps(result)
+        return [
+            target.value,
+            stored,
+            key,
+            fingerprint,
+            source.value if source else "",
+            target.value,
+            self.task_id,
+        ]
+
+    # -- the step's save -------------------------------------------------------------------
+
+    def save(self, step: Step, *, record: Record | None = None) -> Saved:
+        events, checkpoint = min(len(step.events), 1), step.checkpoint is not None
+        if record is None:
+            row = fetch_one(_save_sql(events, checkpoint, step.durable), self._save_params(step))
+            return self._saved(step, row)
+        params = self._move_params(record.key, record.fingerprint, "record", record.result)
+        try:
+            row = fetch_one(
+                _save_with_record_sql(events, checkpoint),
+                [*params, *self._save_params(step)],
+            )
+        except DatabaseError:
+            self._rescue(record)
+            raise
+        failed = None
+        if row is not None and row[2] == 0:
+            failed = self._why_not(record.key, record.fingerprint, "record")
+        return self._saved(step, row, failed)
+
+    def _rescue(self, record: Record) -> None:
+        """The save carrying a verified write's record failed on the database: make the
+        record on its own, on a new connection, if the database answers (so that recovery
+        finds it ``COMMITTED`` rather than losing it); keep quiet if not."""
+        try:
+            connection.close()
+            self.settle(record.key, record.fingerprint, "record", record.result)
+        except (DatabaseError, LedgerError):
+            logger.warning(
+                "task %s: %s could not be recorded; recovery will see it", self.task_id, record.key
+            )
+
+    def _save_params(self, step: Step) -> list[Any]:
+        """The parameters of a save: counters, the checkpoint, the lease, then the events."""
+        usage = step.usage
+        params: list[Any] = [usage[name] for name in _DIMENSIONS]
+        params += (step.revision, self.next_seq + len(step.events))
+        if step.checkpoint is not None:
+            params.append(json.dumps(step.checkpoint))
+        params += (self.task_id, self.owner)
+        if step.events:
+            events = [{**event, "at": event["at"].isoformat()} for event in step.events]
+            params += (self.task_id, self.phase, self.next_seq, json.dumps(events))
+        return params
+
+    def _saved(
+        self, step: Step, row: tuple[Any, ...] | None, failed: LedgerError | None = None
+    ) -> Saved:
+        """Take in what a save returned: the stop fact, or that the lease is gone."""
+        if row is None:
+            raise LeaseLost(f"task {self.task_id} is no longer driven by {self.owner}")
+        self.next_seq += len(step.events)
+        step.saved = Saved(bool(row[0]), failed)
+        return step.saved
+
+
+_CLAIM_ANSWERS = {
+    OPERATION_MOVES["record"][1]: ClaimStatus.COMMITTED,
+    OPERATION_MOVES["claim"][1]: ClaimStatus.IN_FLIGHT,
+    OPERATION_MOVES["lose"][1]: ClaimStatus.UNKNOWN,
+}

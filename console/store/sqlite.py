@@ -1,0 +1,161 @@
+"""The step store on SQLite (standalone mode): the same promises as on PostgreSQL.
+
+SQLite has no row locks; its transactions begin IMMEDIATE (settings), which holds the
+database's write lock from the first statement to the commit. So a claim reads its gate
+(the stop fact and the lease) and claims in one such transaction, and the stop service's
+update waits for it as it waits for the share lock on PostgreSQL: a stop is either seen by
+the claim or lands after the claim it could not prevent. A step carried by a claim, and a
+record carried by a save, commit in that same transaction. Times are stored as the ORM
+stores them (text, compared as text). Operation moves go by ``guard.steps.OPERATION_MOVES``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import nullcontext
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from guard.steps import DIMENSIONS, OPERATION_MOVES, Claim, ClaimStatus, LedgerError
+from guard.steps import Operation as Entry
+
+from ..lifecycle import entry_of
+from ..models import Operation, OperationEvent, Task, TraceEvent
+from ..statements import fetch_one
+from . import LeaseLost, Record, Saved, Step, StopRecorded
+from .base import BaseStore
+
+_DIMENSIONS = tuple(d.used for d in DIMENSIONS)  # Usage field names are Task column names
+
+
+def _states(move: str) -> str:
+    return ", ".join(sorted(f"'{s.value}'" for s in OPERATION_MOVES[move][0] if s is not None))
+
+
+# One statement decides the claim (SQLite 3.35+ has upsert and RETURNING). The WHERE of
+# DO UPDATE makes the reclaim of a NOT_COMMITTED key a compare-and-set.
+_CLAIM = f"""
+INSERT INTO console_operation
+    (key, fingerprint, state, tool, task_id, args_preview, result, attempts, evidence,
+     claimed_at, updated_at)
+VALUES (%s, %s, '{OPERATION_MOVES["claim"][1].value}', %s, %s, %s, NULL, 1, '', %s, %s)
+ON CONFLICT (key) DO UPDATE
+    SET state = EXCLUDED.state, attempts = console_operation.attempts + 1,
+        task_id = EXCLUDED.task_id, result = NULL, updated_at = EXCLUDED.updated_at
+    WHERE console_operation.state IN ({_states("claim")})
+      AND console_operation.fingerprint = EXCLUDED.fingerprint
+RETURNING id, attempts
+"""  # noqa: S608 - built from OPERATION_MOVES' fixed words
+_GATE = "SELECT stop_requested_at, lease_owner FROM console_task WHERE id = %s"
+_STOP_FACT = "SELECT stop_requested_at FROM console_task WHERE id = %s"
+_SAVE = (
+    "UPDATE console_task SET "  # noqa: S608 - column names from DIMENSIONS
+    + ", ".join(f"{name} = %s" for name in (*_DIMENSIONS, "revision"))
+    + ", next_seq = %s, last_step_at = %s{checkpoint}"
+    " WHERE id = %s AND lease_owner = %s AND state = 'RUNNING'"
+    " RETURNING stop_requested_at, lease_owner"
+)
+_SAVE_PLAIN = _SAVE.format(checkpoint="")
+_SAVE_CHECKPOINT = _SAVE.format(checkpoint=", checkpoint = %s")
+
+_CLAIM_ANSWERS = {
+    OPERATION_MOVES["record"][1]: ClaimStatus.COMMITTED,
+    OPERATION_MOVES["claim"][1]: ClaimStatus.IN_FLIGHT,
+    OPERATION_MOVES["lose"][1]: ClaimStatus.UNKNOWN,
+}
+_CHECKPOINT_FIELD = Task._meta.get_field("checkpoint")
+
+
+class SqliteStore(BaseStore):
+    """:class:`console.store.StepStore` on SQLite."""
+
+    def stop_requested(self) -> bool:
+        row = fetch_one(_STOP_FACT, [self.task_id])
+        return row is None or row[0] is not None
+
+    def claim(
+        self, key: str, fingerprint: str, *, tool: str, args: str, carry: Step | None = None
+    ) -> Claim:
+        now = connection.ops.adapt_datetimefield_value(timezone.now())
+        refused: Exception | None = None
+        with transaction.atomic():
+            if carry is not None:
+                # Its gate: the row as the save found it (LeaseLost if not ours).
+                stop_requested_at, lease_owner = self._write(carry).stop_requested, self.owner
+            else:
+                gate = fetch_one(_GATE, [self.task_id])
+                if gate is None:
+                    raise LeaseLost(f"task {self.task_id} does not exist")
+                stop_requested_at, lease_owner = gate
+            if stop_requested_at:
+                # Raised once the transaction commits: a carried step is saved all the same.
+                refused = StopRecorded(f"task {self.task_id} is stopping")
+            elif lease_owner != self.owner:
+                raise LeaseLost(f"task {self.task_id} is driven by {lease_owner or 'nobody'}")
+            else:
+                claimed = fetch_one(_CLAIM, [key, fingerprint, tool, self.task_id, args, now, now])
+                row = Operation.objects.get(key=key)
+                if claimed is not None:
+                    OperationEvent.objects.create(
+                        operation=row,
+                        from_state="" if claimed[1] == 1 else "NOT_COMMITTED",
+                        to_state=OPERATION_MOVES["claim"][1].value,
+                        task_id=self.task_id,
+                    )
+                    return Claim(ClaimStatus.CLAIMED, entry_of(row))
+        if refused is not None:
+            raise refused
+        entry = entry_of(row)
+        if entry.fingerprint != fingerprint:
+            return Claim(ClaimStatus.CONFLICT, entry)
+        return Claim(_CLAIM_ANSWERS[entry.state], entry)
+
+    def settle(
+        self, key: str, fingerprint: str, move: str, result: Mapping[str, Any] | None = None
+    ) -> Entry:
+        return self._move(key, move, fingerprint=fingerprint, result=result)
+
+    def save(self, step: Step, *, record: Record | None = None) -> Saved:
+        if record is None and not step.events:
+            return self._write(step)
+        with transaction.atomic():
+            failed: LedgerError | None = None
+            if record is not None:
+                try:
+                    self._move(
+                        record.key, "record", fingerprint=record.fingerprint, result=record.result
+                    )
+                except LedgerError as exc:
+                    failed = exc
+            saved = self._write(step)
+        if failed is not None:
+            step.saved = saved = Saved(saved.stop_requested, failed)
+        return saved
+
+    def _write(self, step: Step) -> Saved:
+        """The counters' UPDATE, then the events; in the caller's transaction if any."""
+        usage = step.usage
+        params: list[Any] = [usage[name] for name in _DIMENSIONS]
+        params += (
+            step.revision,
+            self.next_seq + len(step.events),
+            connection.ops.adapt_datetimefield_value(timezone.now()),
+        )
+        sql = _SAVE_PLAIN
+        if step.checkpoint is not None:
+            sql = _SAVE_CHECKPOINT
+            params.append(_CHECKPOINT_FIELD.get_db_prep_save(step.checkpoint, connection))
+        with transaction.atomic() if step.events else nullcontext():
+            row = fetch_one(sql, [*params, self.task_id, self.owner])
+            if row is None:
+                raise LeaseLost(f"task {self.task_id} is no longer driven by {self.owner}")
+            if step.events:
+                TraceEvent.objects.bulk_create(
+                    TraceEvent(task_id=self.task_id, phase=self.phase, seq=seq, **event)
+                    for seq, event in enumerate(step.events, start=self.next_seq)
+                )
+        self.next_seq += len(step.events)
+        step.saved = Saved(row[0] is not None)
+        return step.saved
