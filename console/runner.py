@@ -35,7 +35,7 @@ from guard.steps import Action, Ticket
 from . import lifecycle
 from .agents import Agent, Tool, agent_class
 from .ledger import DatabaseLedger
-from .lifecycle import finish_task, limits_of, recover, report_from_task, usage_of
+from .lifecycle import limits_of, recover, usage_of
 from .logs import task_context
 from .models import Decision, EventKind, Task, TaskState
 from .redaction import preview, redact_text
@@ -46,17 +46,7 @@ logger = logging.getLogger(__name__)
 STOP_POLL_S = 0.2  # how often a waiting driver looks for a stop: well under a second
 QUICK_MODEL_CALL_S = 0.05  # a model call this quick has its event saved with its read
 
-# Kept here for callers written against the runner; the task state machine is
-# console.lifecycle's.
-__all__ = [
-    "STOP_POLL_S",
-    "drive",
-    "finish_task",
-    "new_owner",
-    "recover",
-    "report_from_task",
-    "sweep",
-]
+__all__ = ["STOP_POLL_S", "drive", "new_owner", "sweep"]
 
 
 def lease_seconds() -> float:

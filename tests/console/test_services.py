@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from console import runner, services
+from console import lifecycle, services
 from console.ledger import DatabaseLedger
 from console.models import (
     AuditEntry,
@@ -35,7 +35,7 @@ def _unknown_operation(task: Task, key: str = "incident-42-first-notice") -> Ope
     DatabaseLedger(task_id=task.id, owner="gone:1").claim(key, "a" * 64)
     task.refresh_from_db()
     with transaction.atomic():
-        runner.recover(task, why="test")
+        lifecycle.recover(task, why="test")
     return Operation.objects.get(key=key)
 
 

@@ -296,10 +296,12 @@ def test_a_stop_during_a_long_wait_cancels_the_task_within_a_second(worker: Work
     operator = User.objects.create_user("olivia", password="correct horse")
     assign(operator, [Role.OPERATOR])
     task = start_on(worker, "test_waiter", {"wait_ms": 10_000}, deadline_ms=600_000)
+    # Stopped once it waits (its WAIT event is saved): between the poll's save, which counts
+    # the next execution ahead, and the wait's, which counts it back, it is not waiting yet.
     wait_for(
-        lambda: TraceEvent.objects.filter(task=task, kind=EventKind.REQUEST).exists(),
+        lambda: TraceEvent.objects.filter(task=task, kind=EventKind.WAIT).exists(),
         timeout=20,
-        what="the first poll of the job",
+        what="the task to wait after the first poll of the job",
     )
 
     asked = time.monotonic()

@@ -16,7 +16,7 @@ from jsonschema import Draft202012Validator
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
-from console import openapi, runner
+from console import lifecycle, openapi
 from console.ledger import DatabaseLedger
 from console.models import ApiToken, Operation, Task, TaskState
 
@@ -137,5 +137,5 @@ def unknown_operation(task: Task, key: str = "order/42/refund") -> Operation:
     DatabaseLedger(task_id=task.id, owner="gone:1").claim(key, "a" * 64)
     task.refresh_from_db()
     with transaction.atomic():
-        runner.recover(task, why="test")
+        lifecycle.recover(task, why="test")
     return Operation.objects.get(key=key)
