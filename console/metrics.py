@@ -35,6 +35,7 @@ from prometheus_client.core import (
     Metric,
 )
 
+from guard import Reason
 from guard.steps import DIMENSIONS, Dimension
 
 from .models import EventKind, Operation, OperationState, StopReport, Task, TaskState, TraceEvent
@@ -47,10 +48,11 @@ LATENCY_WINDOW = timedelta(hours=1)
 # from a cached read to a slow model call.
 LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000)
 LATENCY_KINDS = (EventKind.MODEL_CALL.value, EventKind.REQUEST.value)
-# Two budgets are not summed by agent: each poll is an execution already (in
-# loopguard_executions), and elapsed time is a duration per task, not work an agent spent.
-_NOT_SUMMED = frozenset({"elapsed_ms", "polls"})
-SPENT: tuple[Dimension, ...] = tuple(d for d in DIMENSIONS if d.used not in _NOT_SUMMED)
+# Not summed by agent: a per-job budget (each poll is an execution already, in
+# loopguard_executions), and elapsed time, a duration per task rather than work spent.
+SPENT: tuple[Dimension, ...] = tuple(
+    d for d in DIMENSIONS if not d.per_job and d.reason is not Reason.DEADLINE
+)
 """The budgets summed by agent, each as ``loopguard_<used>``; a budget declared in
 :data:`guard.steps.DIMENSIONS` gets its series here without another line."""
 

@@ -43,7 +43,7 @@ QUEUE_LIMIT = 50  # uncertain operations shown at once, oldest first
 RECENT = timedelta(hours=24)  # the dashboard counts finished tasks over this window
 # The poll budget bounds each PENDING job, not the task: a task-wide "polls spent / limit"
 # would compare a sum with a per-job bound, so it has no gauge.
-GAUGED = tuple(d for d in DIMENSIONS if d.reason is not Reason.POLL_BUDGET)
+GAUGED = tuple(d for d in DIMENSIONS if not d.per_job)
 BUDGETS = tuple(d.used for d in GAUGED)
 """The task counters a person sees (page gauges, the API's ``counters``), in order."""
 BUDGET_OF_REASON = {d.reason.value: d.limit for d in DIMENSIONS}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from datetime import timedelta
@@ -38,6 +39,8 @@ from .models import (
     TaskState,
 )
 from .redaction import redact
+
+logger = logging.getLogger(__name__)
 
 MAX_INPUT_BYTES = 64 * 1024
 # The budget each stop reason says ran out, and the budgets a resumption may grant.
@@ -330,6 +333,51 @@ def task_approve_resumption(
 # -- helpers ---------------------------------------------------------------------------------
 
 
+
+def operation_look_up(*, key: str, actor: User) -> tuple[Operation, dict[str, Any]]:
+    """Ask the tool's own lookup what the business system knows of ``key``; settle nothing.
+
+    Returns the operation, in the state it keeps for a reconciler to decide, and what was
+    found, redacted, as the audit log records it: ``committed``, ``evidence`` and ``result``,
+    or an ``error`` saying why nothing could be told. Raises :class:`NotFound` for an unknown
+    key and :class:`Refused` for someone not signed in.
+    """
+    if not actor.is_authenticated:
+        raise Refused("a signed-in person is required")
+    op = Operation.objects.filter(key=key).select_related("task").first()
+    if op is None:
+        raise NotFound(f"there is no operation {key}")
+    # The lookup is I/O on the business system: it runs outside any transaction, and the
+    # audit entry, written after it, is the only thing this records.
+    found: dict[str, Any]
+    try:
+        agent = agent_class(op.task.agent)(op.task.id, op.task.input, {})
+        tool = next((t for t in agent.tools() if t.name == op.tool), None)
+        if tool is None or tool.lookup is None:
+            found = {"error": f"the tool {op.tool or '?'} has no lookup"}
+        else:
+            settlement = tool.lookup(key)
+            found = {
+                "committed": settlement.committed,
+                "evidence": settlement.evidence,
+                "result": None if settlement.result is None else settlement.result.to_dict(),
+            }
+    except Exception as exc:  # the business system failing is an answer to show, not a 500
+        logger.exception("lookup of %s failed", key)
+        found = {"error": f"the lookup failed: {type(exc).__name__}: {exc}"[:500]}
+    found = redact(found)  # what a business system answers may hold secrets too
+    with transaction.atomic():
+        _audit(
+            actor,
+            AuditAction.LOOKUP,
+            "looked the operation up in the business system",
+            task_id=op.task_id,
+            operation=op,
+            after=found,
+        )
+    return op, found
+
+
 def _has_nul(value: Any) -> bool:
     if isinstance(value, str):
         return "\x00" in value
@@ -392,6 +440,7 @@ __all__ = [
     "Refused",
     "ServiceError",
     "StaleState",
+    "operation_look_up",
     "operation_mark_committed",
     "operation_mark_not_committed",
     "task_approve_resumption",
@@ -399,51 +448,3 @@ __all__ = [
     "task_stop",
 ]
 
-
-def operation_look_up(*, key: str, actor: User) -> tuple[Operation, dict[str, Any]]:
-    """Ask the tool's own lookup what the business system knows of ``key``; settle nothing.
-
-    Returns the operation, in the state it keeps for a reconciler to decide, and what was
-    found, redacted, as the audit log records it: ``committed``, ``evidence`` and ``result``,
-    or an ``error`` saying why nothing could be told. Raises :class:`NotFound` for an unknown
-    key and :class:`Refused` for someone not signed in.
-    """
-    import logging
-
-    if not actor.is_authenticated:
-        raise Refused("a signed-in person is required")
-    op = Operation.objects.filter(key=key).select_related("task").first()
-    if op is None:
-        raise NotFound(f"there is no operation {key}")
-    # The lookup is I/O on the business system: it runs outside any transaction, and the
-    # audit entry, written after it, is the only thing this records.
-    found: dict[str, Any]
-    try:
-        agent = agent_class(op.task.agent)(op.task.id, op.task.input, {})
-        tool = next((t for t in agent.tools() if t.name == op.tool), None)
-        if tool is None or tool.lookup is None:
-            found = {"error": f"the tool {op.tool or '?'} has no lookup"}
-        else:
-            settlement = tool.lookup(key)
-            found = {
-                "committed": settlement.committed,
-                "evidence": settlement.evidence,
-                "result": None if settlement.result is None else settlement.result.to_dict(),
-            }
-    except Exception as exc:  # the business system failing is an answer to show, not a 500
-        logging.getLogger(__name__).exception("lookup of %s failed", key)
-        found = {"error": f"the lookup failed: {type(exc).__name__}: {exc}"[:500]}
-    found = redact(found)  # what a business system answers may hold secrets too
-    with transaction.atomic():
-        _audit(
-            actor,
-            AuditAction.LOOKUP,
-            "looked the operation up in the business system",
-            task_id=op.task_id,
-            operation=op,
-            after=found,
-        )
-    return op, found
-
-
-__all__ += ["operation_look_up"]

@@ -2,9 +2,10 @@
 
 :class:`ChatAgent` keeps the conversation in ``memory``, sends it with the tools' JSON
 schemas to ``{LOOPGUARD_MODEL_URL}/chat/completions``, charges the reply's tokens and reads
-its tool calls with :func:`guard.calls_from_openai`; the next model call first answers every
-call of the last reply (:func:`guard.openai_tool_messages`). The application, not the model,
-says what each tool does and how a write's operation key is named (:class:`guard.ToolSpec`).
+its tool calls with :func:`guard.adapters.calls_from_openai`; the next model call first
+answers every call of the last reply (:func:`guard.adapters.openai_tool_messages`). The
+application, not the model, says what each tool does and how a write's operation key is
+named (:class:`guard.adapters.ToolSpec`).
 
 The demo's ``SupportDeskModel`` (``console.demo.support_desk``) is the support desk agent
 with such a planner: the same tools and the same inspector, which reads the desk's records,
