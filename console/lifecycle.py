@@ -99,13 +99,30 @@ def counters_of(usage: Usage, revision: int) -> dict[str, int]:
 
 def entry_of(row: Operation) -> Entry:
     """The guard's view of an operation row."""
+    return entry_from(row.key, row.fingerprint, row.state, row.result, row.attempts, row.evidence)
+
+
+ENTRY_FIELDS = ("key", "fingerprint", "state", "result", "attempts", "evidence")
+"""The operation columns :func:`entry_from` takes, in its order (for ``values_list``)."""
+
+
+def entry_from(
+    key: str,
+    fingerprint: str,
+    state: str,
+    result: Mapping[str, Any] | None,
+    attempts: int,
+    evidence: str,
+) -> Entry:
+    """The guard's view of an operation from its :data:`ENTRY_FIELDS` columns: a stop
+    report lists every operation of the task, so these are read without model objects."""
     return Entry(
-        key=row.key,
-        fingerprint=row.fingerprint,
-        state=EntryState(row.state),
-        result=None if row.result is None else Result.from_dict(row.result),
-        attempts=row.attempts,
-        evidence=row.evidence,
+        key=key,
+        fingerprint=fingerprint,
+        state=EntryState(state),
+        result=None if result is None else Result.from_dict(result),
+        attempts=attempts,
+        evidence=evidence,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
@@ -48,8 +49,20 @@ _SECRET_PAIR = re.compile(
 )
 
 
+# Every pattern above needs one of these words to match: a text without any of them has
+# nothing to mask, and one search answers that (most arguments and results are such).
+_MAYBE_SECRET = re.compile(
+    r"(?i:pass|pwd|secret|token|api|access|auth|bearer|basic)|sk|pk|rk|gh[po]|xox|AKIA|eyJ"
+)
+
+
 def _extra_fields() -> frozenset[str]:
     fields: Iterable[str] = getattr(settings, "LOOPGUARD_REDACT_FIELDS", ())
+    return _lowered(tuple(fields))
+
+
+@lru_cache(maxsize=64)
+def _lowered(fields: tuple[str, ...]) -> frozenset[str]:
     return frozenset(name.lower() for name in fields)
 
 
@@ -68,31 +81,47 @@ def _is_secret(name: str, extra: frozenset[str]) -> bool:
     )
 
 
+@lru_cache(maxsize=4096, typed=True)
+def _key(key: Any, extra: frozenset[str]) -> tuple[str, bool]:
+    """A mapping key as stored (text, NUL replaced) and whether it names a secret.
+
+    Keys are field names, few and repeated step after step: each is judged once."""
+    name = str(key).replace("\x00", "\ufffd")
+    return name, _is_secret(name, extra)
+
+
 def _redact(value: Any, extra: frozenset[str], depth: int) -> Any:
     if depth > _MAX_DEPTH:
         return "…"
+    kind = type(value)  # the exact JSON types first: the common case, cheaply
+    if kind is str:
+        return redact_text(value)
+    if value is None or kind is int or kind is bool or kind is float:
+        return value
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for key, item in value.items():
-            name = str(key)
-            name = name.replace("\x00", "\ufffd")
-            if _is_secret(name, extra):
-                out[name] = REDACTED
-            else:
-                out[name] = _redact(item, extra, depth + 1)
+            try:
+                name, secret = _key(key, extra)
+            except TypeError:  # a key that cannot be hashed: judged on its own
+                name = str(key).replace("\x00", "\ufffd")
+                secret = _is_secret(name, extra)
+            out[name] = REDACTED if secret else _redact(item, extra, depth + 1)
         return out
     if isinstance(value, list | tuple):
         return [_redact(item, extra, depth + 1) for item in value]
     if isinstance(value, str):
         # PostgreSQL text and jsonb cannot hold NUL: keep a visible stand-in instead.
         return redact_text(value)
-    if value is None or isinstance(value, bool | int | float):
+    if isinstance(value, bool | int | float):
         return value
     return _redact(repr(value), extra, depth)
 
 
 def redact_text(text: str) -> str:
     """``text`` with credential-looking strings masked (for messages, not structures)."""
+    if _MAYBE_SECRET.search(text) is None:
+        return text.replace("\x00", "\ufffd") if "\x00" in text else text
     masked = _SECRET_PAIR.sub(lambda m: m.group(1) + REDACTED, text)
     return _SECRET_TEXT.sub(REDACTED, masked).replace("\x00", "\ufffd")
 

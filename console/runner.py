@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
+from enum import Enum
 from functools import partial
 from typing import Any
 
@@ -30,7 +31,7 @@ from django.db import DatabaseError, close_old_connections, connection, transact
 from django.utils import timezone
 
 from guard import Call, Finish, Guard, Nudge, Reason, Report, Result, State
-from guard.steps import Action, Ticket
+from guard.steps import Action, LedgerError, Ticket
 
 from . import lifecycle
 from .agents import Agent, Tool, agent_class
@@ -155,6 +156,12 @@ class _Heartbeat(threading.Thread):
         self.join(timeout=5)
 
 
+# What a save counts ahead: (model calls, requests, executions).
+_NOTHING = (0, 0, 0)
+_NEXT_CALL = (1, 0, 0)  # the next model call
+_NEXT_STEP = (1, 1, 1)  # the next model call, one request and its execution
+
+
 class _Driver:
     """One stretch of one task: rebuilds the guard and agent, then loops over steps.
 
@@ -188,37 +195,26 @@ class _Driver:
         self.task = task
         self.store = store
         self.heartbeat = heartbeat
-        self.stop_seen: bool | None = task.stop_requested_at is not None
         self.pending: list[dict[str, Any]] = []  # events waiting for the next save
         self.carried: Step | None = None  # the step so far, riding on the next claim
         self.args_preview = ""  # the redacted arguments of the call in progress
         self.one_ahead = False  # the row counts the next model call, request, execution
         checkpoint = task.checkpoint if isinstance(task.checkpoint, dict) else {}
-        same_phase = checkpoint.get("phase") == task.phase
         self.agent: Agent = agent_class(task.agent)(
             task.id, task.input, dict(checkpoint.get("agent") or {})
         )
         self.tools: dict[str, Tool] = {tool.name: tool for tool in self.agent.tools()}
         self.ledger = DatabaseLedger(store=store)
+        self.stop = _StopFact(task, store, heartbeat, self.ledger)
         options: dict[str, Any] = {
             "now": _monotonic_ms,
-            "wait": self._wait,
+            "wait": self.stop.wait,
             "ledger": self.ledger,
-            "cancel": self._stop_requested,
+            "cancel": self.stop,
             "nudge": self.agent.nudge,
             "tools": {name: tool.effect for name, tool in self.tools.items()},
         }
-        limits = limits_of(task)
-        if same_phase and "guard" in checkpoint:
-            # The same phase after a crash or redelivery: go on with the detectors' memory.
-            # The counters come from the row, which is never behind the checkpoint.
-            saved = dict(checkpoint["guard"])
-            saved["usage"] = usage_of(task).to_dict()
-            history = store.history(task.phase)
-            self.guard = Guard.restore(saved, limits, history=history, **options)
-        else:
-            # A new phase: budgets carry over, repeat memory starts afresh.
-            self.guard = Guard(limits, used=usage_of(task), revision=task.revision, **options)
+        self.guard = _guard_of(task, checkpoint, store, options)
         # What the last model call's calls came to, saved with the agent's memory: the two
         # go together (a model-planned agent answers its calls from it), in a new phase too.
         self.observation = _decode(checkpoint.get("observation"))
@@ -230,7 +226,7 @@ class _Driver:
         reserved = False  # the next model call is already counted in the row
         while True:
             if not reserved:
-                self._save(model_calls_ahead=1)
+                self._save(ahead=_NEXT_CALL)
             reserved = False
             stop = guard.before_model()
             if stop is not None:
@@ -248,18 +244,10 @@ class _Driver:
             except ValueError as exc:
                 failure = failure or exc
             if failure is not None:
-                event = _model_event(
-                    None,
-                    started,
-                    tokens=agent.tokens,
-                    revision=guard.revision,
-                    detail=f"planner: {failure!r}",
-                )
-                self._save(event)
+                detail = f"planner: {failure!r}"
+                self._save(_model_event(None, started, agent.tokens, guard.revision, detail))
                 return self._finish(guard.planner_failed(failure))
-            model_event = _model_event(
-                proposal, started, tokens=agent.tokens, revision=guard.revision
-            )
+            model_event = _model_event(proposal, started, agent.tokens, guard.revision)
             if isinstance(proposal, Finish):
                 report = guard.finish(proposal, agent.inspect)
                 self._save(model_event)
@@ -273,37 +261,11 @@ class _Driver:
                 self.observation = admitted
                 self._save(model_event, _nudge_event(admitted, guard.revision), checkpoint=True)
                 continue
-            # When the last save counted this model call, one request and its execution
-            # ahead, a one-call proposal's event can wait for the next statement, unless
-            # the step spent what was not counted ahead (tokens, a poll).
-            one = proposal if self.one_ahead and isinstance(proposal, Call) else None
-            if one is not None and (agent.tokens or admitted[0].poll):
-                one = None
-            if one is not None and one.effect == "write":
-                # It rides on the claim, which reads the stop fact in its own
-                # transaction: the stop fact read before the model call may stand,
-                # unless the guard may refuse before claiming (then a stop recorded
-                # meanwhile must be seen, to be named as the reason).
-                self.pending.append(model_event)
-                self.carried = self._step_of(tuple(self.pending), executions_ahead=1)
-                self.ledger.carry = self.carried
-                if 0 in guard.remaining().values():
-                    self.stop_seen = None
-            elif one is not None and time.monotonic() - started < QUICK_MODEL_CALL_S:
-                # A read: its event goes with the read's save. After a slow model call
-                # (a real one) it is saved at once instead, so that the live trace
-                # shows what runs while it runs; beside the model, that costs nothing.
-                self.pending.append(model_event)
-                self.stop_seen = None  # ask again, just before the read starts
-            else:
-                # Not waiting for the disk here: what follows is either a claim, whose
-                # synchronous commit flushes this save too before any write runs, or
-                # reads, followed by their own synchronous save.
-                self._save(model_event, executions_ahead=len(admitted), durable=False)
+            self._hand_over(model_event, proposal, admitted, started)
+            batch = not isinstance(proposal, Call)
             results: list[Result] = []
             for index, ticket in enumerate(admitted):
                 last = index == len(admitted) - 1
-                batch = not isinstance(proposal, Call)
                 stopped = self._step(ticket, results, last=last, batch=batch)
                 if stopped is not None:
                     return self._finish(stopped)
@@ -312,9 +274,42 @@ class _Driver:
             if isinstance(pause, Report):
                 return self._finish(pause)
             if pause:
-                wait_event = _event(EventKind.WAIT, detail=f"waiting {pause:.0f} ms")
-                self._save(wait_event, model_calls_ahead=1)
-                self._wait(pause)
+                waiting = _event(EventKind.WAIT, detail=f"waiting {pause:.0f} ms")
+                self._save(waiting, ahead=_NEXT_CALL)
+                self.stop.wait(pause)
+
+    def _hand_over(
+        self, model_event: dict[str, Any], proposal: Any, admitted: list[Ticket], started: float
+    ) -> None:
+        """Where the model call's event goes before its calls run (see the class's note)."""
+        way = _carriage(
+            proposal,
+            admitted[0],
+            one_ahead=self.one_ahead,
+            tokens=self.agent.tokens,
+            quick=time.monotonic() - started < QUICK_MODEL_CALL_S,
+        )
+        if way is _Carriage.CLAIM:
+            # It rides on the claim, which reads the stop fact in its own transaction: the
+            # stop fact read before the model call may stand, unless the guard may refuse
+            # before claiming (then a stop recorded meanwhile must be seen, to be named as
+            # the reason).
+            self.pending.append(model_event)
+            self.carried = self._step_of(tuple(self.pending), ahead=(0, 0, 1))
+            self.ledger.carry = self.carried
+            if 0 in self.guard.remaining().values():
+                self.stop.forget()
+        elif way is _Carriage.READ:
+            # A read: its event goes with the read's save. After a slow model call (a real
+            # one) it is saved at once instead, so that the live trace shows what runs
+            # while it runs; beside the model, that costs nothing.
+            self.pending.append(model_event)
+            self.stop.forget()  # ask again, just before the read starts
+        else:
+            # Not waiting for the disk here: what follows is either a claim, whose
+            # synchronous commit flushes this save too before any write runs, or reads,
+            # followed by their own synchronous save.
+            self._save(model_event, ahead=(0, 0, len(admitted)), durable=False)
 
     def _step(
         self, ticket: Ticket, results: list[Result], *, last: bool, batch: bool
@@ -339,8 +334,9 @@ class _Driver:
         started = time.monotonic()
         outcome: Any = decision.result
         error: Exception | None = None
-        if decision.action is Action.EXECUTE:
-            self.stop_seen = None  # the tool may take a while: ask again afterwards
+        executed = decision.action is Action.EXECUTE
+        if executed:
+            self.stop.forget()  # the tool may take a while: ask again afterwards
             try:
                 outcome = tool.run(call)
             except Exception as exc:
@@ -361,35 +357,19 @@ class _Driver:
         # by the save below, so that a crash mid-batch or a stop resumes with it: the calls
         # without a result did not run.
         self.observation = list(results) if batch else (results[0] if results else None)
-        executed = decision.action is Action.EXECUTE
         detail = "" if error is None else f"{type(error).__name__}: {error}"[:500]
-        saved = self._save(
-            self._request(
-                ticket,
-                Decision.EXECUTED if executed else Decision.REUSED,
-                latency,
-                reason="" if stop is None else stop.reason,
-                detail=detail,
-            ),
-            checkpoint=True,
-            # Going on: count the next model call now, and one request and execution of
-            # it, sparing a save before it when it proposes one call.
-            model_calls_ahead=1 if last and stop is None else 0,
-            requests_ahead=1 if last and stop is None else 0,
-            executions_ahead=1 if last and stop is None else 0,
-            record=self.ledger.take_record(),
+        event = self._request(
+            ticket,
+            Decision.EXECUTED if executed else Decision.REUSED,
+            latency,
+            reason="" if stop is None else stop.reason,
+            detail=detail,
         )
-        failed = saved.record_failed or self.ledger.record_failed
-        if failed is not None and (stop is None or stop.reason is not Reason.UNKNOWN_COMMIT):
-            # The write ran and inspect saw it commit, but meanwhile its operation was
-            # settled by someone else (its lease had run out): as when a record fails.
-            detail = f"ledger: {failed!r}"
-            if stop is None:
-                return guard.halt(State.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT, detail)
-            return replace(
-                stop, state=State.NEEDS_HUMAN, reason=Reason.UNKNOWN_COMMIT, detail=detail
-            )
-        return stop
+        # Going on: count the next model call now, and one request and execution of it,
+        # sparing a save before it when it proposes one call.
+        ahead = _NEXT_STEP if last and stop is None else _NOTHING
+        saved = self._save(event, checkpoint=True, ahead=ahead, record=self.ledger.take_record())
+        return _unrecorded(guard, stop, saved.record_failed or self.ledger.record_failed)
 
     # -- persistence ----------------------------------------------------------------------
 
@@ -397,29 +377,23 @@ class _Driver:
         self,
         *events: dict[str, Any],
         checkpoint: bool = False,
-        model_calls_ahead: int = 0,
-        requests_ahead: int = 0,
-        executions_ahead: int = 0,
+        ahead: tuple[int, int, int] = _NOTHING,
         durable: bool = True,
         record: Record | None = None,
     ) -> Saved:
         """Persist counters (and the checkpoint, the pending events and ``events``) in one
-        short transaction, with ``record`` (a write's) when there is one.
+        short transaction, with ``record`` (a write's) when there is one; ``ahead``: the
+        model calls, requests and executions counted ahead.
 
         Conditional on still holding the lease: a driver that lost it stops here.
         ``durable=False`` lets the commit return before its WAL is flushed (PostgreSQL).
         """
         step = self._step_of(
-            (*self.pending, *events),
-            checkpoint=checkpoint,
-            model_calls_ahead=model_calls_ahead,
-            requests_ahead=requests_ahead,
-            executions_ahead=executions_ahead,
-            durable=durable,
+            (*self.pending, *events), checkpoint=checkpoint, ahead=ahead, durable=durable
         )
         saved = self.store.save(step, record=record)
         self._saved(saved)
-        self.one_ahead = (model_calls_ahead, requests_ahead, executions_ahead) == (1, 1, 1)
+        self.one_ahead = ahead == _NEXT_STEP
         return saved
 
     def _step_of(
@@ -427,39 +401,25 @@ class _Driver:
         events: tuple[dict[str, Any], ...],
         *,
         checkpoint: bool = False,
-        model_calls_ahead: int = 0,
-        requests_ahead: int = 0,
-        executions_ahead: int = 0,
+        ahead: tuple[int, int, int] = _NOTHING,
         durable: bool = True,
     ) -> Step:
         """The step so far as the store's value: counters (with what is counted ahead),
         the events and, if asked, the checkpoint."""
         usage = self.guard.usage.to_dict()
-        usage["model_calls"] += model_calls_ahead
-        usage["requests"] += requests_ahead
-        usage["executions"] += executions_ahead
-        return Step(
-            usage,
-            self.guard.revision,
-            events,
-            self._checkpoint() if checkpoint else None,
-            durable,
-        )
+        usage["model_calls"] += ahead[0]
+        usage["requests"] += ahead[1]
+        usage["executions"] += ahead[2]
+        saved = self._checkpoint() if checkpoint else None
+        return Step(usage, self.guard.revision, events, saved, durable)
 
     def _saved(self, saved: Saved) -> None:
         """Take in what a save said: the pending events are stored, and the stop fact."""
         self.pending.clear()
-        self.stop_seen = saved.stop_requested
+        self.stop.take(saved)
 
     def _checkpoint(self) -> dict[str, Any]:
-        # What grows with the phase stays out (the trace holds it, store.history rebuilds
-        # it), so that a step's cost does not grow with the phase's length.
-        return {
-            "phase": self.task.phase,
-            "guard": self.guard.checkpoint(history=False),
-            "agent": self.agent.memory,
-            "observation": _encode(self.observation),
-        }
+        return _checkpoint_of(self.task.phase, self.guard, self.agent, self.observation)
 
     def _finish(self, report: Report) -> str:
         """Record the guard's stop as the task's terminal state."""
@@ -487,34 +447,116 @@ class _Driver:
             **why,
         )
 
-    # -- signals --------------------------------------------------------------------------
 
-    def _stop_requested(self) -> bool:
-        """The guard's cancel signal: the stop fact in the database, or a lost lease.
+class _StopFact:
+    """The guard's cancel signal: the task's stop fact in the database, or a lost lease.
 
-        The fact is read back by every save; when time has passed since (the model
-        thought, a tool ran), it is asked again. If the database cannot be asked, nothing
-        may start: the answer is "stop", and the driver leaves the task to recovery.
-        """
+    The fact is read back by every save (:meth:`take`); when time has passed since (the
+    model thought, a tool ran), the driver :meth:`forget`\\ s it and it is asked again. If
+    the database cannot be asked, nothing may start: the answer is "stop", and the driver
+    leaves the task to recovery.
+    """
+
+    def __init__(
+        self, task: Task, store: StepStore, heartbeat: _Heartbeat, ledger: DatabaseLedger
+    ) -> None:
+        self.task_id = task.id
+        self.store = store
+        self.heartbeat = heartbeat
+        self.ledger = ledger
+        self.seen: bool | None = task.stop_requested_at is not None
+
+    def take(self, saved: Saved) -> None:
+        self.seen = saved.stop_requested
+
+    def forget(self) -> None:
+        self.seen = None
+
+    def __call__(self) -> bool:
         if self.heartbeat.lost or self.ledger.stop_recorded:
             return True
-        if self.stop_seen is None:
+        if self.seen is None:
             try:
-                self.stop_seen = self.store.stop_requested()
+                self.seen = self.store.stop_requested()
             except DatabaseError:
-                logger.exception("task %s: cannot read its stop fact", self.task.id)
+                logger.exception("task %s: cannot read its stop fact", self.task_id)
                 return True
-        return self.stop_seen
+        return self.seen
 
-    def _wait(self, ms: float) -> None:
+    def wait(self, ms: float) -> None:
         """Wait for a RETRYABLE/PENDING result, waking within ``STOP_POLL_S`` for a stop."""
         end = time.monotonic() + ms / 1000.0
         while True:
-            self.stop_seen = None
+            self.seen = None
             left = end - time.monotonic()
-            if left <= 0 or self._stop_requested():
+            if left <= 0 or self():
                 return
             time.sleep(min(left, STOP_POLL_S))
+
+
+# -- the driver's decisions and values, apart from its loop ----------------------------------
+
+
+class _Carriage(Enum):
+    """Where a model call's event goes before its calls run."""
+
+    CLAIM = "rides on the write's claim"
+    READ = "goes with the read's save"
+    NOW = "saved at once, not waiting for the disk"
+
+
+def _carriage(
+    proposal: Any, first: Ticket, *, one_ahead: bool, tokens: int, quick: bool
+) -> _Carriage:
+    """When the last save counted this model call, one request and its execution ahead,
+    a one-call proposal's event can wait for the next statement, unless the step spent
+    what was not counted ahead (tokens, a poll); a read's waits only after a quick model
+    call."""
+    if not one_ahead or not isinstance(proposal, Call) or tokens or first.poll:
+        return _Carriage.NOW
+    if proposal.effect == "write":
+        return _Carriage.CLAIM
+    return _Carriage.READ if quick else _Carriage.NOW
+
+
+def _unrecorded(guard: Guard, stop: Report | None, failed: LedgerError | None) -> Report | None:
+    """``stop``, unless a verified write's record ``failed``: the write ran and inspect saw
+    it commit, but meanwhile its operation was settled by someone else (its lease had run
+    out), which ends the task ``NEEDS_HUMAN``/``unknown_commit`` as when a record fails."""
+    if failed is None or (stop is not None and stop.reason is Reason.UNKNOWN_COMMIT):
+        return stop
+    detail = f"ledger: {failed!r}"
+    if stop is None:
+        return guard.halt(State.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT, detail)
+    return replace(stop, state=State.NEEDS_HUMAN, reason=Reason.UNKNOWN_COMMIT, detail=detail)
+
+
+def _guard_of(
+    task: Task, checkpoint: dict[str, Any], store: StepStore, options: dict[str, Any]
+) -> Guard:
+    """The task's guard for this drive, from its checkpoint when it is of this phase."""
+    limits = limits_of(task)
+    if checkpoint.get("phase") == task.phase and "guard" in checkpoint:
+        # The same phase after a crash or redelivery: go on with the detectors' memory.
+        # The counters come from the row, which is never behind the checkpoint.
+        saved = dict(checkpoint["guard"])
+        saved["usage"] = usage_of(task).to_dict()
+        history = store.history(task.phase)
+        return Guard.restore(saved, limits, history=history, **options)
+    # A new phase: budgets carry over, repeat memory starts afresh.
+    return Guard(limits, used=usage_of(task), revision=task.revision, **options)
+
+
+def _checkpoint_of(phase: int, guard: Guard, agent: Agent, observation: Any) -> dict[str, Any]:
+    """What a restart of ``phase`` resumes from. What grows with the phase stays out (the
+    trace holds it, ``StepStore.history`` rebuilds it), so that a step's cost does not
+    grow with the phase's length."""
+    return {
+        "phase": phase,
+        "guard": guard.checkpoint(history=False),
+        "agent": agent.memory,
+        "observation": _encode(observation),
+    }
 
 
 # -- trace events (redacted, timed, numbered by the store) -------------------------------------
@@ -528,7 +570,7 @@ def _event(kind: str, **fields: Any) -> dict[str, Any]:
 
 
 def _model_event(
-    proposal: Any, started: float, *, tokens: int, revision: int, detail: str = ""
+    proposal: Any, started: float, tokens: int, revision: int, detail: str = ""
 ) -> dict[str, Any]:
     if isinstance(proposal, Finish):
         decision, summary = Decision.FINISHED, "finish: " + preview(proposal.answer, 500)

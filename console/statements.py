@@ -102,4 +102,22 @@ class _Prepared(psycopg.Cursor[Any]):
         prepare: bool | None = None,
         binary: bool | None = None,
     ) -> Self:
+        if type(query) is str and query.isascii():  # the same bytes in every encoding
+            query = _encoded(query)
         return super().execute(query, params, prepare=True, binary=binary)
+
+
+_ENCODED: dict[str, bytes] = {}
+_ENCODED_MAX = 256  # the fixed texts are a handful; a tool's own statements may add some
+
+
+def _encoded(query: str) -> bytes:
+    """``query`` as the bytes psycopg sends, encoded once per text: psycopg would encode
+    the text, then hash the bytes to find its parsed form and its prepared statement, on
+    every execution; bytes made once keep their hash."""
+    encoded = _ENCODED.get(query)
+    if encoded is None:
+        encoded = query.encode()
+        if len(_ENCODED) < _ENCODED_MAX:
+            _ENCODED[query] = encoded
+    return encoded

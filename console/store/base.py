@@ -57,8 +57,8 @@ class BaseStore:
         return None if row is None else lifecycle.entry_of(row)
 
     def get_many(self, keys: Sequence[str]) -> dict[str, Entry]:
-        rows = Operation.objects.filter(key__in=list(keys))
-        return {row.key: lifecycle.entry_of(row) for row in rows}
+        rows = Operation.objects.filter(key__in=list(keys)).values_list(*lifecycle.ENTRY_FIELDS)
+        return {row[0]: lifecycle.entry_from(*row) for row in rows}
 
     # -- operation moves -------------------------------------------------------------------
 

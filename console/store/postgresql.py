@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from datetime import datetime
 from functools import cache
 from typing import Any
 
@@ -298,8 +299,9 @@ class PostgresStore(BaseStore):
             params.append(json.dumps(step.checkpoint))
         params += (self.task_id, self.owner)
         if step.events:
-            events = [{**event, "at": event["at"].isoformat()} for event in step.events]
-            params += (self.task_id, self.phase, self.next_seq, json.dumps(events))
+            # Times as ISO text by the encoder, sparing a copy of every event.
+            events = json.dumps(list(step.events), default=_iso)
+            params += (self.task_id, self.phase, self.next_seq, events)
         return params
 
     def _saved(
@@ -311,6 +313,13 @@ class PostgresStore(BaseStore):
         self.next_seq += len(step.events)
         step.saved = Saved(bool(row[0]), failed)
         return step.saved
+
+
+def _iso(value: Any) -> str:
+    """A trace event's time (``at``) as JSON text; nothing else in an event needs it."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 _CLAIM_ANSWERS = {

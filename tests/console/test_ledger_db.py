@@ -202,6 +202,50 @@ def test_recording_a_result_stores_it_redacted_and_writes_one_history_row() -> N
     assert history(KEY)[-1] == ("IN_FLIGHT", "COMMITTED")
 
 
+def test_every_planted_secret_is_redacted_in_the_stored_result_and_plain_values_are_kept() -> None:
+    ledger = ledger_for(running_task())
+    ledger.claim(KEY, FP)
+    planted = {
+        "P-I-N": "1234",  # a secret name spelled with separators
+        "X.Api_Key": "k",
+        "note": "call with Bearer abcdefgh12345678 please",
+        "keys": ["sk-abcdefghijklmnop", "ghp_abcdefghijklmnop", "AKIAABCDEFGHIJKLMNOP"],
+        "jwt": "eyJhbGciOiJI.eyJzdWIiOiIx.c2lnbmF0dXJl",
+        "log": "login failed: password=hunter2, retry",
+        "nul": "a\x00b",
+        "plain": {"page": 3, "items": [{"id": "orders-3-1", "line": 7}], "ok": True, "x": 1.5},
+        1: "a number as a key",
+    }
+
+    ledger.record(KEY, FP, Result(Kind.SUCCESS, planted))
+
+    stored = Operation.objects.get(key=KEY).result["data"]
+    text = json.dumps(stored)
+    for secret in ("1234", "abcdefgh12345678", "abcdefghijklmnop", "ABCDEFGHIJKLMNOP", "hunter2"):
+        assert secret not in text
+    assert "eyJ" not in text
+    assert (stored["P-I-N"], stored["X.Api_Key"]) == ("[redacted]", "[redacted]")
+    assert stored["note"] == "call with [redacted] please"
+    assert stored["nul"] == "a\ufffdb"
+    assert stored["plain"] == planted["plain"]
+    assert stored["1"] == "a number as a key"
+
+
+def test_the_operations_of_a_stop_report_are_read_with_their_stored_results() -> None:
+    ledger = ledger_for(running_task())
+    ledger.claim(KEY, FP)
+    ledger.record(KEY, FP, Result(Kind.SUCCESS, {"sent": KEY}))
+    ledger.claim("incident-42-second-notice", OTHER_FP)
+
+    entries = ledger.get_many([KEY, "incident-42-second-notice", "never-claimed"])
+
+    assert sorted(entries) == [KEY, "incident-42-second-notice"]
+    assert entries[KEY].state == OperationState.COMMITTED
+    assert entries[KEY].result == Result(Kind.SUCCESS, {"sent": KEY})
+    second = entries["incident-42-second-notice"]
+    assert (second.state, second.result, second.attempts) == (OperationState.IN_FLIGHT, None, 1)
+
+
 def test_a_lost_response_marks_the_operation_unknown() -> None:
     ledger = ledger_for(running_task())
     ledger.claim(KEY, FP)
