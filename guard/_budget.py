@@ -42,7 +42,7 @@ class Budget:
 
     Admitting the calls of one model call reserves their executions (``admit_execution``):
     a batch is checked whole before anything runs. Each entry into a tool is then checked
-    and counted for real (``has_room``, ``enter``), so that a tool's internal retries still
+    and counted for real (``entry``, ``enter``), so that a tool's internal retries still
     use up the room of the calls after it.
     """
 
@@ -84,9 +84,14 @@ class Budget:
         """Budget left per dimension (``None``: unbounded)."""
         return self.limits.remaining(self.usage())
 
-    def past_deadline(self) -> bool:
-        """Whether the task's time is up."""
-        return self._now() >= self._deadline
+    def entry(self) -> Reason | None:
+        """Whether a tool may be entered now: ``DEADLINE`` once the task's time is up, else
+        ``EXECUTION_BUDGET`` if one more execution does not fit, else ``None``."""
+        if self._now() >= self._deadline:
+            return Reason.DEADLINE
+        if self.spent["executions"] >= self._executions:  # has_room, inlined
+            return Reason.EXECUTION_BUDGET
+        return None
 
     def wait_crosses_deadline(self, pause: float) -> bool:
         """Whether waiting ``pause`` ms would reach the deadline."""
@@ -129,7 +134,7 @@ class Budget:
         return True
 
     def enter(self) -> None:
-        """Count one real entry into a tool (the caller checked :meth:`has_room`)."""
+        """Count one real entry into a tool (the caller checked :meth:`entry`)."""
         self.spent["executions"] += 1
 
     def charge_retries(self, attempts: int) -> None:
@@ -137,7 +142,9 @@ class Budget:
         self.spent["executions"] += attempts - 1
 
     def spend_tokens(self, tokens: int) -> None:
-        """Charge model usage reported by the planner."""
+        """Charge model usage reported by the planner (``ValueError`` unless a count)."""
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+            raise ValueError(f"tokens must be a non-negative int, got {tokens!r}")
         self.spent["tokens"] += tokens
 
     def count_polls(self, polls: int) -> None:

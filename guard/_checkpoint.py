@@ -6,7 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["CHECKPOINT_VERSION", "HISTORY", "compose", "history_of", "parts_of"]
+from ._budget import Budget
+from ._detector import Detector
+from ._report import Record
+from ._settlement import SettlementStep
+
+__all__ = ["CHECKPOINT_VERSION", "HISTORY", "compose", "history_of", "load", "parts_of"]
 
 CHECKPOINT_VERSION = 2
 """The shape :meth:`Guard.checkpoint` writes; :meth:`Guard.restore` also reads version 1."""
@@ -17,9 +22,18 @@ HISTORY = tuple(_HISTORY_PARTS)
 """The parts of a checkpoint that grow with the phase (see :meth:`Guard.history`)."""
 
 
-def compose(parts: dict[str, dict[str, Any]], *, history: bool) -> dict[str, Any]:
-    """A checkpoint of ``parts``; without ``history``, what grows with the phase left out."""
-    saved: dict[str, Any] = {"version": CHECKPOINT_VERSION, **parts}
+def compose(
+    budget: Budget, detector: Detector, settlement: SettlementStep, record: Record, *, history: bool
+) -> dict[str, Any]:
+    """A checkpoint of the parts, each one's own under its name (the budget's is ``usage``,
+    what was spent); without ``history``, what grows with the phase left out."""
+    saved: dict[str, Any] = {
+        "version": CHECKPOINT_VERSION,
+        "usage": budget.checkpoint(),
+        "detector": detector.checkpoint(),
+        "settlement": settlement.checkpoint(),
+        "record": record.checkpoint(),
+    }
     if not history:
         for name, part in _HISTORY_PARTS.items():
             del saved[part][name]
@@ -45,6 +59,17 @@ def parts_of(checkpoint: Mapping[str, Any], history: Mapping[str, Any] | None) -
         for name, part in _HISTORY_PARTS.items():
             parts[part] = {**parts[part], name: history[name]}
     return parts
+
+
+def load(
+    parts: Mapping[str, Any], detector: Detector, settlement: SettlementStep, record: Record
+) -> None:
+    """Give each part its own checkpoint back from ``parts`` (of :func:`parts_of`); the
+    budget's usage and the detector's revision are the guard's constructor's to take.
+    Raises ``TypeError``/``KeyError`` if a part is malformed."""
+    detector.load(parts["detector"])
+    settlement.load(parts["settlement"])
+    record.load(parts["record"])
 
 
 def _from_version_1(saved: Mapping[str, Any]) -> dict[str, Any]:

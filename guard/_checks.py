@@ -21,6 +21,7 @@ __all__ = [
     "count",
     "describe",
     "evidence_problem",
+    "inspected",
     "plain",
     "positive_ms",
     "present",
@@ -161,8 +162,15 @@ def result_problem(result: Any) -> str | None:
     return None
 
 
-def evidence_problem(evidence: Any, revision: int) -> str | None:
-    """What is wrong with an inspector's answer, given the verified ``revision`` so far."""
+def inspected(
+    inspect: Callable[[Result | None, Any], Any], result: Result | None, about: Any, revision: int
+) -> Evidence | str:
+    """What ``inspect`` verified about ``about`` (a call and its ``result``, or a finish),
+    or what is wrong with its answer (or its error), given the verified ``revision`` so far."""
+    try:
+        evidence = inspect(result, about)
+    except Exception as exc:
+        return describe(exc)
     if (  # the common case in exact types, tested first: this runs after every request
         type(evidence) is Evidence
         and type(evidence.revision) is int
@@ -170,7 +178,13 @@ def evidence_problem(evidence: Any, revision: int) -> str | None:
         and type(evidence.done) is bool
         and (evidence.committed is None or type(evidence.committed) is bool)
     ):
-        return None
+        return evidence
+    problem = evidence_problem(evidence, revision)
+    return evidence if problem is None else problem
+
+
+def evidence_problem(evidence: Any, revision: int) -> str | None:
+    """What is wrong with an inspector's answer, given the verified ``revision`` so far."""
     if not isinstance(evidence, Evidence):
         return f"inspect returned {type(evidence).__name__}, not Evidence"
     found = evidence.revision

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._checks import describe, present
+from ._checks import describe
 from ._report import Report
 from ._settlement import Lookup
 from ._ticket import Action
@@ -46,7 +46,7 @@ def drive(
                 observation = admitted
                 continue
             return admitted
-        results: list[Result] = []
+        results: list[Any] = []  # the tickets' results: after_tool() set each one it let by
         for ticket in admitted:
             decision = guard.before_tool(ticket)
             if decision.report is not None:
@@ -60,12 +60,12 @@ def drive(
                     error = exc
                 except BaseException:
                     # Interrupted mid-execution: the write may or may not have happened.
-                    guard._lost(ticket, "interrupted", None)
+                    guard._lost(ticket, "interrupted")
                     raise
             stop = guard.after_tool(ticket, outcome, error=error, inspect=inspect, lookup=lookup)
             if stop is not None:
                 return stop
-            results.append(present(ticket.result))
+            results.append(ticket.result)
         pause = guard.before_wait()
         if pause:  # 0 (no wait) is the common case
             if isinstance(pause, Report):

@@ -8,8 +8,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._checks import count, text
+from ._budget import Budget
+from ._checks import Refusal, count, text
 from ._ledger import Operation
+from ._settlement import SettlementStep
 from ._values import DIMENSIONS, OperationState, Reason, State, Usage
 
 __all__ = ["COMPLETED_KEPT", "RESUME_CONDITIONS", "Record", "Report"]
@@ -202,6 +204,35 @@ class Record:
                 **usage.to_dict(),
             )
         return self.report
+
+    def close(
+        self,
+        refusal: Refusal,
+        *,
+        call: Mapping[str, Any] | None,
+        batch: tuple[Mapping[str, Any], ...],
+        budget: Budget,
+        revision: int,
+        settlement: SettlementStep,
+    ) -> Report:
+        """Stop for ``refusal`` with what the parts know now: the entries of the operations
+        the settlement touched, what the budget has spent and has left, the detector's
+        ``revision``. Like :meth:`stop`, the first stop's report stands."""
+        if self.report is not None:
+            return self.report
+        operations = settlement.operations()
+        usage = budget.usage()
+        return self.stop(
+            refusal.state,
+            refusal.reason,
+            usage=usage,
+            remaining=budget.limits.remaining(usage),
+            revision=revision,
+            operations=operations,
+            call=call,
+            batch=batch,
+            detail=refusal.detail,
+        )
 
     def checkpoint(self) -> dict[str, Any]:
         """The record's part of a checkpoint (``completed`` is history: see ``HISTORY``)."""

@@ -4,8 +4,9 @@ recorded outcome.
 A write is looked at when it is admitted (``admit``: the same key twice in one model call,
 or an entry that already blocks it), claimed at the executor's entry (``claim``: the one
 atomic decision that it may run), and settled after it ran (``settle``): committed,
-verified not committed, or — its outcome lost — ``UNKNOWN`` unless a trusted lookup settles
-it (``lose``). Every key it touched is remembered for the stop report.
+verified not committed, or ``UNKNOWN`` when the inspector's answer cannot be read or —
+its outcome lost — unless a trusted lookup settles it (``lose``). Every key it touched is
+remembered for the stop report.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from ._checks import Cancellation, Refusal, present, settlement, text
 from ._ledger import ClaimStatus, Ledger, Operation
-from ._values import Call, Kind, OperationState, Reason, Result, Settlement, State
+from ._values import Call, Evidence, Kind, OperationState, Reason, Result, Settlement, State
 
 __all__ = ["Lookup", "SettlementStep"]
 
@@ -115,10 +116,15 @@ class SettlementStep:
     # -- after the execution -------------------------------------------------------------
 
     def settle(
-        self, call: Call, fp: str, result: Result, committed: bool | None, lookup: Lookup | None
+        self, call: Call, fp: str, result: Result, evidence: Evidence | str, lookup: Lookup | None
     ) -> Refusal | None:
-        """Write the commit state the inspector verified (or a lookup found) to the ledger."""
+        """Write the commit state the inspector verified (or a lookup found) to the ledger.
+        An inspector's answer that cannot be read (``evidence`` is what is wrong with it)
+        leaves the write ``UNKNOWN``: only a human can tell whether it took effect."""
         key = present(call.operation_key)
+        if isinstance(evidence, str):
+            return self._unknown(key, fp, evidence, Reason.INVALID_EVIDENCE)
+        committed = evidence.committed
         if committed is None and lookup is not None:
             found = look_up(lookup, key)
             if found is not None and found.committed is not None:

@@ -6,9 +6,9 @@ from enum import StrEnum
 from typing import Any, NamedTuple
 
 from ._report import Report
-from ._values import Call, Result
+from ._values import Call, Kind, Result
 
-__all__ = ["Action", "Decision", "Status", "Ticket", "about", "execute"]
+__all__ = ["Action", "Decision", "Status", "Ticket", "execute", "reuse", "stopped"]
 
 
 class Action(StrEnum):
@@ -65,21 +65,25 @@ class Decision(NamedTuple):
 
 
 def execute(ticket: Ticket) -> Decision:
-    """``Decision(Action.EXECUTE, ticket)``, made before every execution: built as the tuple
-    it is, without the named tuple's constructor (a Python function), for speed."""
+    """``Decision(Action.EXECUTE, ticket)``, the ticket marked ``EXECUTING``. Made before
+    every execution: built as the tuple it is, without the named tuple's constructor (a
+    Python function), for speed."""
+    ticket.status = Status.EXECUTING
     return tuple.__new__(Decision, (Action.EXECUTE, ticket, None, None))
 
 
-def about(ticket: Ticket | None, call: Call | None, fp: str | None) -> dict[str, Any] | None:
-    """What a stop is about, for its report: the ticket's line, or a call refused while it
-    was admitted (its fingerprint when known), or nothing."""
-    if ticket is not None:
-        return ticket.describe()
-    if call is None:
-        return None
-    tool: Any = call.tool  # a refused call may carry anything here
-    return {
-        "tool": tool if isinstance(tool, str) else repr(tool),
-        "fingerprint": fp,
-        "operation_key": call.operation_key,
-    }
+def reuse(ticket: Ticket, result: Result | None) -> Decision:
+    """``Decision(Action.REUSE, ticket, result)`` for a committed ``result`` (a bare
+    ``SUCCESS`` if the write was recorded without one), the ticket marked ``REUSING``."""
+    ticket.status = Status.REUSING
+    ticket.result = result or Result(Kind.SUCCESS)
+    return Decision(Action.REUSE, ticket, result=ticket.result)
+
+
+def stopped(batch: list[Ticket]) -> tuple[dict[str, Any], ...]:
+    """The lines of a stopped model call for its report: the calls admitted but not entered
+    are marked ``NOT_RUN`` first, since they never will be."""
+    for ticket in batch:
+        if ticket.status is Status.ADMITTED:
+            ticket.status = Status.NOT_RUN
+    return tuple(ticket.describe() for ticket in batch)

@@ -1,0 +1,115 @@
+"""The outcome step: what each executed or reused call came to, and what the model's finish
+came to, as the inspector verifies it.
+
+The inspector's evidence is read first (``_checks.inspected``); a write that ran is then
+settled against the ledger with it (``SettlementStep.settle``). A ``FATAL`` or
+``PRECONDITION`` result stops the task before anything is observed; otherwise the detector
+observes the call and the record keeps a ``SUCCESS``. Then a verified goal completes the
+task, stagnation stops it, and a ``RETRYABLE`` or ``PENDING`` result asks for a wait. A call
+whose outcome was lost (``lose``) goes to the settlement, which may settle it through a
+trusted lookup and hand it back to be verified like any other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._checks import Refusal, inspected, positive_ms, present
+from ._detector import Detector
+from ._driver import Inspect
+from ._report import Record
+from ._settlement import Lookup, SettlementStep
+from ._ticket import Status, Ticket
+from ._values import Finish, Kind, Reason, Result, State
+
+__all__ = ["OutcomeStep"]
+
+_WAITING = (Kind.RETRYABLE, Kind.PENDING)
+_FATAL = Refusal(State.FAILED, Reason.FATAL)
+_PRECONDITION = Refusal(State.NEEDS_HUMAN, Reason.PRECONDITION)
+_GOAL_MET = Refusal(State.COMPLETED, Reason.GOAL_MET)
+_GOAL_UNVERIFIED = Refusal(State.PARTIAL, Reason.GOAL_UNVERIFIED)
+_NO_PROGRESS = Refusal(State.PARTIAL, Reason.NO_PROGRESS)
+
+
+class OutcomeStep:
+    """What one task's calls came to: each answer says why the task stops, or ``None``.
+
+    ``wait_ms`` is the longest wait the results of the current model call asked for (the
+    guard sets it back to 0 before each model call).
+    """
+
+    __slots__ = ("_detector", "_record", "_settlement", "wait_ms")
+
+    def __init__(self, detector: Detector, settlement: SettlementStep, record: Record) -> None:
+        self._detector = detector
+        self._settlement = settlement
+        self._record = record
+        self.wait_ms: float = 0
+
+    def verify(
+        self,
+        ticket: Ticket,
+        result: Result,
+        inspect: Inspect,
+        *,
+        settled: bool = False,
+        lookup: Lookup | None = None,
+    ) -> Refusal | None:
+        """Inspect what ``ticket``'s call returned, settle a write that ran (unless a lookup
+        has ``settled`` it already), then apply the progress and stop rules."""
+        call, fp = ticket.call, ticket.fingerprint
+        detector = self._detector
+        evidence = inspected(inspect, result, call, detector.revision)
+        if call.effect == "write" and ticket.status is Status.RAN and not settled:
+            refused = self._settlement.settle(call, fp, result, evidence, lookup)
+            if refused is not None:
+                return refused
+        if isinstance(evidence, str):
+            return Refusal(State.FAILED, Reason.INVALID_EVIDENCE, evidence)
+        kind = result.kind
+        if kind == Kind.FATAL:
+            return _FATAL
+        if kind == Kind.PRECONDITION:
+            return _PRECONDITION
+        stalled = detector.observe(call, fp, ticket.poll, kind, evidence.revision)
+        if kind == Kind.SUCCESS:
+            reused = ticket.status is Status.REUSED
+            self._record.complete(call.tool, fp, call.operation_key, reused, detector.revision)
+        if evidence.done:
+            return _GOAL_MET
+        if stalled:
+            return _NO_PROGRESS
+        if kind in _WAITING:
+            wait_ms: Any = result.wait_ms
+            if not positive_ms(wait_ms):
+                return Refusal(State.FAILED, Reason.INVALID_WAIT, f"wait_ms={wait_ms!r}")
+            self.wait_ms = max(self.wait_ms, wait_ms)
+        return None
+
+    def lose(
+        self,
+        ticket: Ticket,
+        detail: str,
+        lookup: Lookup | None = None,
+        inspect: Inspect | None = None,
+        reason: Reason = Reason.EXECUTOR_ERROR,
+    ) -> Refusal | None:
+        """``ticket``'s outcome is lost: a lookup may settle a write (then it is verified as
+        usual, with ``inspect``); otherwise the task stops, a write left ``UNKNOWN``."""
+        ticket.status = Status.RAN
+        call, fp, settle = ticket.call, ticket.fingerprint, inspect is not None
+        outcome = self._settlement.lose(call, fp, detail, lookup, settle=settle, reason=reason)
+        if isinstance(outcome, Refusal):
+            return outcome
+        ticket.result = outcome
+        return self.verify(ticket, outcome, present(inspect), settled=True)
+
+    def finish(self, finish: Finish, inspect: Inspect) -> Refusal:
+        """The model says it is done: the goal is met only if ``inspect`` verifies it."""
+        detector = self._detector
+        evidence = inspected(inspect, None, finish, detector.revision)
+        if isinstance(evidence, str):
+            return Refusal(State.FAILED, Reason.INVALID_EVIDENCE, evidence)
+        detector.revision = evidence.revision
+        return _GOAL_MET if evidence.done else _GOAL_UNVERIFIED
