@@ -50,54 +50,19 @@ __all__ = [
     "Usage",
 ]
 
-# Names that left the top level in 0.2, and where they went: they still import from here,
-# with a warning, until the next minor release.
-_MOVED = {
-    **dict.fromkeys(
-        (
-            "COMPLETED_KEPT",
-            "RESUME_CONDITIONS",
-            "Action",
-            "BadArguments",
-            "Claim",
-            "ClaimStatus",
-            "Decision",
-            "Effect",
-            "LedgerError",
-            "Operation",
-            "Ticket",
-            "canonical_json",
-            "fingerprint",
-        ),
-        "guard.steps",
-    ),
-    **dict.fromkeys(
-        (
-            "MalformedModelOutput",
-            "ToolSpec",
-            "Turn",
-            "anthropic_tool_results",
-            "calls_from_anthropic",
-            "calls_from_openai",
-            "openai_tool_messages",
-            "tool_effects",
-        ),
-        "guard.adapters",
-    ),
-}
-
-
 def __getattr__(name: str) -> object:
-    """A name that moved in 0.2 (see ``_MOVED``), with a ``DeprecationWarning``."""
+    """A name that left the top level in 0.2 for ``guard.steps`` or ``guard.adapters``: it
+    still imports from here, with a ``DeprecationWarning``, until the next minor release."""
     import importlib  # here, so that the package's namespace stays what __all__ says
     import warnings
 
-    home = _MOVED.get(name)
-    if home is None:
-        raise AttributeError(f"module 'guard' has no attribute {name!r}")
-    warnings.warn(
-        f"guard.{name} is now {home}.{name}; import it from there",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module(home), name)
+    for home in ("guard.steps", "guard.adapters"):
+        module = importlib.import_module(home)
+        if name in module.__all__:
+            warnings.warn(
+                f"guard.{name} is now {home}.{name}; import it from there",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return getattr(module, name)
+    raise AttributeError(f"module 'guard' has no attribute {name!r}")
