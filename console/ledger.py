@@ -20,11 +20,11 @@ from guard.steps import Claim, ClaimStatus, LedgerError
 from guard.steps import Operation as Entry
 
 from .redaction import preview, redact
-from .store import LeaseLost, Record, Step, StepStore, StopRecorded, open_store
+from .store import Record, Step, StepStore, StopRecorded, open_store
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DatabaseLedger", "LeaseLost", "StopRecorded"]
+__all__ = ["DatabaseLedger"]
 
 
 class DatabaseLedger:

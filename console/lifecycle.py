@@ -8,8 +8,9 @@ A move that finds the task in another state than the one it starts from raises
 the services lock the task row first and write their audit entry in the same
 transaction, the drivers and the recovery sweep hold the row or its lease.
 
-Operation moves made here (recovery's) go by ``guard.steps.OPERATION_MOVES``, as the step
-store's and the services' do.
+Operations move by :func:`operation_move`, by ``guard.steps.OPERATION_MOVES``: recovery
+here, the step stores' ORM moves and the services' reconciliation all call it (the
+PostgreSQL store's statements build their conditions from the same table).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from guard.steps import Operation as Entry
 
 from .models import (
     RESTART_LOOP,
+    RESUMABLE_STATES,
     TERMINAL_STATES,
     EventKind,
     Operation,
@@ -44,8 +46,6 @@ from .models import (
 from .redaction import redact, redact_text
 
 logger = logging.getLogger(__name__)
-
-_RESUMABLE = frozenset(TERMINAL_STATES - {TaskState.COMPLETED.value})
 
 TASK_MOVES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     # A driver takes a queued task (the first start, a resumption, a requeue).
@@ -64,13 +64,16 @@ TASK_MOVES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
         frozenset({TaskState.CANCELLED}),
     ),
     # An approved resumption opens a new phase.
-    "resume": (_RESUMABLE, frozenset({TaskState.QUEUED})),
+    "resume": (RESUMABLE_STATES, frozenset({TaskState.QUEUED})),
     # Recovery hands a running task whose driver is gone back to the queue.
     "requeue": (frozenset({TaskState.RUNNING}), frozenset({TaskState.QUEUED})),
 }
 """Every move a task may make: name -> (states it may leave, states it may reach)."""
 
-_LOSE_FROM, _LOSE_TO = OPERATION_MOVES["lose"]
+_LOSE_FROM = OPERATION_MOVES["lose"][0]
+# The moves made from trusted evidence: the evidence is kept on the row, not only in its
+# history.
+_EVIDENCED = frozenset({"settle_committed", "settle_not_committed"})
 
 
 class LostRace(RuntimeError):
@@ -138,6 +141,46 @@ def report_from_task(task: Task, state: str, reason: str, detail: str = "") -> R
         detail=detail,
         **{d.used: getattr(task, d.used) for d in DIMENSIONS},
     )
+
+
+# -- operation moves -------------------------------------------------------------------------
+
+
+def operation_move(
+    op: Operation,
+    move: str,
+    *,
+    task_id: int | None,
+    actor: User | None = None,
+    evidence: str = "",
+    result: Mapping[str, Any] | None = None,
+) -> Operation:
+    """Move ``op`` (as the caller saw it, holding its row) by ``OPERATION_MOVES[move]``, as
+    a conditional update from the state seen, with its history row (caused by ``task_id``
+    or ``actor``, with ``evidence``); ``result`` is the stored result (``None`` clears it).
+    Raises :class:`LostRace` when ``op`` is not in a state the move may leave. Inside a
+    transaction; ``op`` is updated in place."""
+    sources, target = OPERATION_MOVES[move]
+    if op.state not in {s.value for s in sources if s is not None}:
+        raise LostRace(f"operation {op.key!r} is {op.state}, cannot become {target}")
+    before, now = op.state, timezone.now()
+    stored = None if result is None else dict(result)
+    kept = evidence if evidence and move in _EVIDENCED else op.evidence
+    moved = Operation.objects.filter(id=op.id, state=before).update(
+        state=target.value, result=stored, evidence=kept, updated_at=now
+    )
+    if moved != 1:
+        raise LostRace(f"operation {op.key!r} is no longer {before}")
+    op.state, op.result, op.evidence, op.updated_at = target.value, stored, kept, now
+    OperationEvent.objects.create(
+        operation=op,
+        from_state=before,
+        to_state=target.value,
+        task_id=task_id,
+        actor=actor,
+        evidence=evidence,
+    )
+    return op
 
 
 # -- moves -----------------------------------------------------------------------------------
@@ -267,7 +310,10 @@ def start_drive(task_id: int, owner: str, *, lease_seconds: float) -> Task | str
             return f"lease held by {task.lease_owner}"
     elif task.state == TaskState.RUNNING and not recover(task, why="driver lost"):
         return "recovered: the task stopped"
-    if task.stop_requested_at is not None:
+    if task.stop_requested_at is not None and task.state == TaskState.QUEUED:
+        # Only a task that has not run ends here: a running one taken again by its holder
+        # may have a write in flight, and learns of the stop at its next model call or
+        # claim, as every driver does.
         report = report_from_task(task, State.CANCELLED, Reason.OPERATOR_STOP)
         finish_task(task, State.CANCELLED, Reason.OPERATOR_STOP, report.to_dict())
         return "stopped before it ran"
@@ -304,20 +350,8 @@ def recover(task: Task, *, why: str) -> bool:
         .filter(task_id=task.id, state__in=[s.value for s in _LOSE_FROM if s is not None])
         .order_by("id")
     )
-    now = timezone.now()
     for op in stranded:
-        moved = Operation.objects.filter(id=op.id, state=op.state).update(
-            state=_LOSE_TO.value, updated_at=now
-        )
-        if moved != 1:  # pragma: no cover - the row is locked
-            raise LostRace(f"operation {op.key} changed during recovery")
-        OperationEvent.objects.create(
-            operation=op,
-            from_state=op.state,
-            to_state=_LOSE_TO.value,
-            task_id=task.id,
-            evidence=f"recovery: {why}",
-        )
+        operation_move(op, "lose", task_id=task.id, evidence=f"recovery: {why}")
     task.recoveries += 1
     Task.objects.filter(id=task.id).update(recoveries=F("recoveries") + 1)
     logger.warning("task %s recovered (%s): %d write(s) now UNKNOWN", task.id, why, len(stranded))
@@ -443,6 +477,7 @@ __all__ = [
     "finish_task",
     "hold",
     "limits_of",
+    "operation_move",
     "recover",
     "report_from_task",
     "request_stop",

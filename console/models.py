@@ -35,6 +35,8 @@ class TaskState(models.TextChoices):
 
 TERMINAL_STATES = frozenset(s.value for s in GuardState)
 ACTIVE_STATES = frozenset({TaskState.QUEUED.value, TaskState.RUNNING.value})
+RESUMABLE_STATES = frozenset(TERMINAL_STATES - {TaskState.COMPLETED.value})
+"""The states an approved resumption may open a new phase from: stopped short of the goal."""
 STOP_REASONS = (*(r.value for r in GuardReason), RESTART_LOOP)
 
 
@@ -156,7 +158,7 @@ class Task(models.Model):
 
         Whether a write is still uncertain is a question for its operations, asked apart.
         """
-        return self.state in TERMINAL_STATES - {TaskState.COMPLETED.value}
+        return self.state in RESUMABLE_STATES
 
 
 class Phase(models.Model):

@@ -22,17 +22,15 @@ from django.db import transaction
 from django.utils import timezone
 
 from guard import Limits
-from guard.steps import DIMENSIONS, OPERATION_MOVES
+from guard.steps import DIMENSIONS
 from guard.steps import canonical_json as guard_canonical_json
 
 from . import lifecycle
 from .agents import UnknownAgent, agent_class
 from .models import (
-    RESTART_LOOP,
     AuditAction,
     AuditEntry,
     Operation,
-    OperationEvent,
     OperationState,
     Phase,
     Task,
@@ -194,18 +192,16 @@ def task_stop(*, task_id: int, actor: User, reason: str) -> Task:
     with transaction.atomic():
         task = _lock_task(task_id)
         before = {"state": task.state, "stop_requested": task.stop_requested_at is not None}
-        if task.state == TaskState.RUNNING:
-            if task.stop_requested_at is not None:
+        if not (task.can_stop or task.can_cancel):
+            if task.stop_requested_at is not None and not task.is_terminal:
                 raise StaleState(f"task {task.id} is already stopping")
+            raise StaleState(f"task {task.id} has already stopped ({task.state})")
+        if task.state == TaskState.RUNNING:
             _moving(lifecycle.request_stop, task, actor=actor, note=reason)
-        elif task.state == TaskState.QUEUED or (
-            task.state == TaskState.NEEDS_HUMAN and task.reason == RESTART_LOOP
-        ):
+        else:
             # Not started (queued, or held for a restart loop): it ends here, with a stop
             # report of its own after the hold's.
             _moving(lifecycle.cancel, task, actor=actor, note=reason)
-        else:
-            raise StaleState(f"task {task.id} has already stopped ({task.state})")
         task.refresh_from_db()
         _audit(actor, AuditAction.STOP, reason, task=task, before=before,
                after={"state": task.state, "stop_requested": True})
@@ -246,26 +242,16 @@ def _settle(key: str, actor: User, evidence: str, *, committed: bool, result: An
             if live:
                 raise Refused(f"{key} is being executed right now; wait for it to finish")
         move = "settle_committed" if committed else "settle_not_committed"
-        sources, target = OPERATION_MOVES[move]
-        if op.state not in sources:
-            raise StaleState(f"{key} is already {op.state}")
         before = {"state": op.state}
         stored = None
         if committed:
             stored = {"kind": "SUCCESS", "data": redact(result), "wait_ms": None, "attempts": 1}
-        updated = Operation.objects.filter(id=op.id, state=op.state).update(
-            state=target.value, result=stored, evidence=evidence, updated_at=timezone.now()
-        )
-        if updated != 1:  # pragma: no cover - the row is locked
-            raise StaleState(f"{key} changed while it was being settled")
-        OperationEvent.objects.create(
-            operation=op,
-            from_state=op.state,
-            to_state=target.value,
-            actor=actor,
-            evidence=evidence,
-        )
-        op.refresh_from_db()
+        try:
+            lifecycle.operation_move(
+                op, move, task_id=None, actor=actor, evidence=evidence, result=stored
+            )
+        except lifecycle.LostRace as exc:
+            raise StaleState(f"{key} is already {op.state}") from exc
         action = AuditAction.MARK_COMMITTED if committed else AuditAction.MARK_NOT_COMMITTED
         _audit(actor, action, evidence, task_id=op.task_id, operation=op, before=before,
                after={"state": op.state})
@@ -297,10 +283,10 @@ def task_approve_resumption(
             raise InvalidInput(f"the grant of {name} must be a whole number ≥ 0")
     with transaction.atomic():
         task = _lock_task(task_id)
-        if task.state in (TaskState.QUEUED, TaskState.RUNNING):
+        if not task.can_resume:
+            if task.state == TaskState.COMPLETED:
+                raise StaleState(f"task {task.id} is completed: there is nothing to resume")
             raise StaleState(f"task {task.id} is {task.state}, not stopped")
-        if task.state == TaskState.COMPLETED:
-            raise StaleState(f"task {task.id} is completed: there is nothing to resume")
         uncertain = list(
             Operation.objects.filter(
                 task_id=task.id, state__in=[OperationState.UNKNOWN, OperationState.IN_FLIGHT]

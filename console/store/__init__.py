@@ -98,7 +98,10 @@ class StepStore(Protocol):
         ...
 
     def release_lease(self) -> bool:
-        """Give the lease up without ending the task (it stays where it is)."""
+        """Give the lease up without ending the task ("done with it for now"): the lease
+        expires at once, so the recovery sweep (or the next driver to take it) settles
+        what is in flight and requeues the task; False if ``owner`` did not hold the lease
+        of a running task."""
         ...
 
     def stop_requested(self) -> bool:

@@ -1,22 +1,41 @@
 """What both step stores do the same way, through the ORM: the lease, reads, the general
-operation move, the finish and the trace history. Their own SQL is in their modules."""
+operation move, the rescue of a save carrying a record, the finish and the trace history,
+and the words both stores' SQL is built from. Their own SQL is in their modules."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from guard import Kind, Reason, Report
-from guard.steps import COMPLETED_KEPT, OPERATION_MOVES, LedgerError
+from guard.steps import COMPLETED_KEPT, DIMENSIONS, OPERATION_MOVES, ClaimStatus, LedgerError
 from guard.steps import Operation as Entry
 
 from .. import lifecycle
-from ..models import Decision, EventKind, Operation, OperationEvent, Task, TaskState, TraceEvent
-from . import LeaseLost
+from ..models import Decision, EventKind, Operation, Task, TaskState, TraceEvent
+from . import LeaseLost, Record, Saved, Step
+
+logger = logging.getLogger(__name__)
+
+# The task row's counter columns: ``Usage`` field names are ``Task`` column names.
+_DIMENSIONS = tuple(d.used for d in DIMENSIONS)
+
+# What a claim that found the key taken answers, by the entry's state.
+_CLAIM_ANSWERS = {
+    OPERATION_MOVES["record"][1]: ClaimStatus.COMMITTED,
+    OPERATION_MOVES["claim"][1]: ClaimStatus.IN_FLIGHT,
+    OPERATION_MOVES["lose"][1]: ClaimStatus.UNKNOWN,
+}
+
+
+def _states(move: str) -> str:
+    """The SQL list of the states ``move`` may leave (the enum's fixed words)."""
+    return ", ".join(sorted(f"'{s.value}'" for s in OPERATION_MOVES[move][0] if s is not None))
 
 
 class BaseStore:
@@ -45,9 +64,12 @@ class BaseStore:
         return renewed == 1
 
     def release_lease(self) -> bool:
-        released = Task.objects.filter(id=self.task_id, lease_owner=self.owner).update(
-            lease_owner="", lease_expires_at=None
-        )
+        # Expired, not cleared: a running task without an expiry is one the recovery sweep
+        # never finds. Expired, the sweep (or the next driver) settles what is in flight
+        # and requeues it, as for a lost driver.
+        released = Task.objects.filter(
+            id=self.task_id, lease_owner=self.owner, state=TaskState.RUNNING
+        ).update(lease_expires_at=timezone.now())
         return released == 1
 
     # -- reads -----------------------------------------------------------------------------
@@ -76,29 +98,19 @@ class BaseStore:
         result: Mapping[str, Any] | None = None,
         evidence: str = "",
     ) -> Entry:
-        """``OPERATION_MOVES[move]`` under the row's lock, with its history row."""
-        sources, target = OPERATION_MOVES[move]
+        """``OPERATION_MOVES[move]`` under the row's lock (``lifecycle.operation_move``)."""
         with transaction.atomic():
             row = Operation.objects.select_for_update().filter(key=key).first()
             if row is None:
                 raise LedgerError(f"no operation {key!r}")
             if fingerprint is not None and row.fingerprint != fingerprint:
                 raise LedgerError(f"operation {key!r} belongs to another input")
-            if row.state not in sources:
-                raise LedgerError(f"operation {key!r} is {row.state}, cannot become {target}")
-            before = row.state
-            row.state = target.value
-            row.result = None if result is None else dict(result)
-            row.evidence = evidence or row.evidence
-            row.updated_at = timezone.now()
-            row.save(update_fields=["state", "result", "evidence", "updated_at"])
-            OperationEvent.objects.create(
-                operation=row,
-                from_state=before,
-                to_state=target.value,
-                task_id=self.task_id,
-                evidence=evidence,
-            )
+            try:
+                lifecycle.operation_move(
+                    row, move, task_id=self.task_id, evidence=evidence, result=result
+                )
+            except lifecycle.LostRace as exc:
+                raise LedgerError(str(exc)) from exc
         return lifecycle.entry_of(row)
 
     def _why_not(self, key: str, fingerprint: str, move: str) -> LedgerError:
@@ -110,6 +122,39 @@ class BaseStore:
         if current.fingerprint != fingerprint:
             return LedgerError(f"operation {key!r} belongs to another input")
         return LedgerError(f"operation {key!r} is {current.state}, cannot become {target}")
+
+    # -- the step's save -----------------------------------------------------------------
+
+    def settle(
+        self, key: str, fingerprint: str, move: str, result: Mapping[str, Any] | None = None
+    ) -> Entry:
+        raise NotImplementedError
+
+    def save(self, step: Step, *, record: Record | None = None) -> Saved:
+        if record is None:
+            return self._save(step, None)
+        try:
+            return self._save(step, record)
+        except DatabaseError:
+            self._rescue(record)
+            raise
+
+    def _save(self, step: Step, record: Record | None) -> Saved:
+        """The save of ``step`` (with ``record``) in this database's statements."""
+        raise NotImplementedError
+
+    def _rescue(self, record: Record) -> None:
+        """The save carrying a verified write's record failed on the database (a dropped
+        connection, ``database is locked``): make the record on its own, on a new
+        connection, if the database answers, so that recovery finds it ``COMMITTED``
+        rather than losing it to ``UNKNOWN``; keep quiet if not (the save's error goes on)."""
+        try:
+            connection.close()
+            self.settle(record.key, record.fingerprint, "record", record.result)
+        except (DatabaseError, LedgerError):
+            logger.warning(
+                "task %s: %s could not be recorded; recovery will see it", self.task_id, record.key
+            )
 
     # -- the end, and the way back ---------------------------------------------------------
 

@@ -18,36 +18,30 @@ A step costs a handful of fixed texts, run as prepared statements (``console.sta
   (``Step.durable=False``: ``synchronous_commit`` off for that transaction only).
 
 Every operation move goes by ``guard.steps.OPERATION_MOVES``: the WHERE clauses below are
-built from it.
+built from it. Times are the application's clock (``timezone.now()``, a parameter), as on
+the ORM's paths and SQLite, never the database's ``now()``: the reconciliation queue sorts
+operations by ``updated_at`` whichever path wrote it.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Mapping
 from datetime import datetime
 from functools import cache
 from typing import Any
 
-from django.db import DatabaseError, connection
+from django.utils import timezone
 
 from guard import Result
-from guard.steps import DIMENSIONS, OPERATION_MOVES, Claim, ClaimStatus, LedgerError
+from guard.steps import OPERATION_MOVES, Claim, ClaimStatus, LedgerError
 from guard.steps import Operation as Entry
 
 from ..lifecycle import entry_of
 from ..models import Operation
 from ..statements import fetch_one
 from . import LeaseLost, Record, Saved, Step, StopRecorded
-from .base import BaseStore
-
-logger = logging.getLogger(__name__)
-
-
-def _states(move: str) -> str:
-    """The SQL list of the states ``move`` may leave (the enum's fixed words)."""
-    return ", ".join(sorted(f"'{s.value}'" for s in OPERATION_MOVES[move][0] if s is not None))
+from .base import _CLAIM_ANSWERS, _DIMENSIONS, BaseStore, _states
 
 
 def _target(move: str) -> str:
@@ -63,7 +57,7 @@ WITH {{gate}}, claimed AS (
     INSERT INTO console_operation
         (key, fingerprint, state, tool, task_id, args_preview, result, attempts, evidence,
          claimed_at, updated_at)
-    SELECT %s, %s, {_target("claim")}, %s, %s, %s, NULL, 1, '', now(), now()
+    SELECT %s, %s, {_target("claim")}, %s, %s, %s, NULL, 1, '', %s, %s
     FROM saved WHERE NOT saved.stopping AND saved.lease_owner = %s
     ON CONFLICT (key) DO UPDATE
         SET state = EXCLUDED.state, attempts = console_operation.attempts + 1,
@@ -74,7 +68,7 @@ WITH {{gate}}, claimed AS (
 ), history AS (
     INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
                                         evidence)
-    SELECT id, now(), CASE WHEN attempts = 1 THEN '' ELSE 'NOT_COMMITTED' END,
+    SELECT id, %s, CASE WHEN attempts = 1 THEN '' ELSE 'NOT_COMMITTED' END,
            {_target("claim")}, %s, ''
     FROM claimed
 )
@@ -91,20 +85,20 @@ _GATE = (
 # ``moved`` has a row if and only if the move was made. On its own, or in the save after
 # the tool, so that a write's record commits with its step.
 _MOVE = """moved AS (
-    UPDATE console_operation SET state = %s, result = %s::jsonb, updated_at = now()
+    UPDATE console_operation SET state = %s, result = %s::jsonb, updated_at = %s
     WHERE key = %s AND fingerprint = %s AND state IN ({sources})
     RETURNING id, attempts, evidence
 ), history AS (
     INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
                                         evidence)
-    SELECT id, now(), %s, %s, %s, '' FROM moved
+    SELECT id, %s, %s, %s, %s, '' FROM moved
 )"""
 
 # The step's counters in one statement, conditional on the lease; it also reads back the
 # stop fact (as a boolean: a time would cost a time zone conversion for nothing), so that
 # the check before the next model call or execution costs nothing extra.
 _SAVE = """
-UPDATE console_task SET {counters}, next_seq = %s, last_step_at = now(){checkpoint}
+UPDATE console_task SET {counters}, next_seq = %s, last_step_at = %s{checkpoint}
 WHERE id = %s AND lease_owner = %s AND state = 'RUNNING'{asynchronous}
 RETURNING stop_requested_at IS NOT NULL AS stopping, lease_owner
 """
@@ -142,8 +136,6 @@ _EVENTS = (
     " WITH ORDINALITY AS e CROSS JOIN saved"
 )
 
-# The task row's counter columns: ``Usage`` field names are ``Task`` column names.
-_DIMENSIONS = tuple(d.used for d in DIMENSIONS)
 _COUNTERS = ", ".join(f"{name} = %s" for name in (*_DIMENSIONS, "revision"))
 
 
@@ -188,9 +180,10 @@ def _move_sql(move: str) -> str:
 
 
 @cache
-def _claim_sql(carried_events: int | None) -> str:
-    """The claim, gated by ``FOR SHARE`` or by a save of ``carried_events`` events."""
-    gate = _GATE if carried_events is None else _save_ctes(carried_events, False, True)
+def _claim_sql(carried_events: int | None, checkpoint: bool = False) -> str:
+    """The claim, gated by ``FOR SHARE`` or by a save of ``carried_events`` events (with
+    the ``checkpoint`` when the carried step has one)."""
+    gate = _GATE if carried_events is None else _save_ctes(carried_events, checkpoint, True)
     return _CLAIM.format(gate=gate)
 
 
@@ -206,13 +199,13 @@ class PostgresStore(BaseStore):
     def claim(
         self, key: str, fingerprint: str, *, tool: str, args: str, carry: Step | None = None
     ) -> Claim:
-        task = self.task_id
-        claim = [key, fingerprint, tool, task, args, self.owner, task]
+        task, now = self.task_id, timezone.now()
+        claim = [key, fingerprint, tool, task, args, now, now, self.owner, now, task]
         if carry is None:
             row = fetch_one(_claim_sql(None), [task, *claim])
         else:
-            sql = _claim_sql(min(len(carry.events), 1))
-            row = fetch_one(sql, [*self._save_params(carry), *claim])
+            sql = _claim_sql(min(len(carry.events), 1), carry.checkpoint is not None)
+            row = fetch_one(sql, [*self._save_params(carry, now), *claim])
         if row is None:
             if carry is not None:  # the save's UPDATE found no row this owner drives
                 raise LeaseLost(f"task {task} is no longer driven by {self.owner}")
@@ -247,11 +240,14 @@ class PostgresStore(BaseStore):
         sources, target = OPERATION_MOVES[move]
         (source,) = sources  # the moves a driver makes leave one state
         stored = None if result is None else json.dumps(result)
+        now = timezone.now()
         return [
             target.value,
             stored,
+            now,
             key,
             fingerprint,
+            now,
             source.value if source else "",
             target.value,
             self.task_id,
@@ -259,42 +255,27 @@ class PostgresStore(BaseStore):
 
     # -- the step's save -------------------------------------------------------------------
 
-    def save(self, step: Step, *, record: Record | None = None) -> Saved:
+    def _save(self, step: Step, record: Record | None) -> Saved:
         events, checkpoint = min(len(step.events), 1), step.checkpoint is not None
         if record is None:
             row = fetch_one(_save_sql(events, checkpoint, step.durable), self._save_params(step))
             return self._saved(step, row)
         params = self._move_params(record.key, record.fingerprint, "record", record.result)
-        try:
-            row = fetch_one(
-                _save_with_record_sql(events, checkpoint),
-                [*params, *self._save_params(step)],
-            )
-        except DatabaseError:
-            self._rescue(record)
-            raise
+        row = fetch_one(
+            _save_with_record_sql(events, checkpoint),
+            [*params, *self._save_params(step)],
+        )
         failed = None
         if row is not None and row[2] == 0:
             failed = self._why_not(record.key, record.fingerprint, "record")
         return self._saved(step, row, failed)
 
-    def _rescue(self, record: Record) -> None:
-        """The save carrying a verified write's record failed on the database: make the
-        record on its own, on a new connection, if the database answers (so that recovery
-        finds it ``COMMITTED`` rather than losing it); keep quiet if not."""
-        try:
-            connection.close()
-            self.settle(record.key, record.fingerprint, "record", record.result)
-        except (DatabaseError, LedgerError):
-            logger.warning(
-                "task %s: %s could not be recorded; recovery will see it", self.task_id, record.key
-            )
-
-    def _save_params(self, step: Step) -> list[Any]:
-        """The parameters of a save: counters, the checkpoint, the lease, then the events."""
+    def _save_params(self, step: Step, now: datetime | None = None) -> list[Any]:
+        """The parameters of a save: counters, the time, the checkpoint, the lease, then
+        the events."""
         usage = step.usage
         params: list[Any] = [usage[name] for name in _DIMENSIONS]
-        params += (step.revision, self.next_seq + len(step.events))
+        params += (step.revision, self.next_seq + len(step.events), now or timezone.now())
         if step.checkpoint is not None:
             params.append(json.dumps(step.checkpoint))
         params += (self.task_id, self.owner)
@@ -320,10 +301,3 @@ def _iso(value: Any) -> str:
     if isinstance(value, datetime):
         return value.isoformat()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-_CLAIM_ANSWERS = {
-    OPERATION_MOVES["record"][1]: ClaimStatus.COMMITTED,
-    OPERATION_MOVES["claim"][1]: ClaimStatus.IN_FLIGHT,
-    OPERATION_MOVES["lose"][1]: ClaimStatus.UNKNOWN,
-}

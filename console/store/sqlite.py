@@ -18,21 +18,14 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from guard.steps import DIMENSIONS, OPERATION_MOVES, Claim, ClaimStatus, LedgerError
+from guard.steps import OPERATION_MOVES, Claim, ClaimStatus, LedgerError
 from guard.steps import Operation as Entry
 
 from ..lifecycle import entry_of
 from ..models import Operation, OperationEvent, Task, TraceEvent
 from ..statements import fetch_one
 from . import LeaseLost, Record, Saved, Step, StopRecorded
-from .base import BaseStore
-
-_DIMENSIONS = tuple(d.used for d in DIMENSIONS)  # Usage field names are Task column names
-
-
-def _states(move: str) -> str:
-    return ", ".join(sorted(f"'{s.value}'" for s in OPERATION_MOVES[move][0] if s is not None))
-
+from .base import _CLAIM_ANSWERS, _DIMENSIONS, BaseStore, _states
 
 # One statement decides the claim (SQLite 3.35+ has upsert and RETURNING). The WHERE of
 # DO UPDATE makes the reclaim of a NOT_COMMITTED key a compare-and-set.
@@ -59,12 +52,6 @@ _SAVE = (
 )
 _SAVE_PLAIN = _SAVE.format(checkpoint="")
 _SAVE_CHECKPOINT = _SAVE.format(checkpoint=", checkpoint = %s")
-
-_CLAIM_ANSWERS = {
-    OPERATION_MOVES["record"][1]: ClaimStatus.COMMITTED,
-    OPERATION_MOVES["claim"][1]: ClaimStatus.IN_FLIGHT,
-    OPERATION_MOVES["lose"][1]: ClaimStatus.UNKNOWN,
-}
 _CHECKPOINT_FIELD = Task._meta.get_field("checkpoint")
 
 
@@ -80,10 +67,13 @@ class SqliteStore(BaseStore):
     ) -> Claim:
         now = connection.ops.adapt_datetimefield_value(timezone.now())
         refused: Exception | None = None
+        carried: Saved | None = None
+        claimed: tuple[Any, ...] | None = None
         with transaction.atomic():
             if carry is not None:
                 # Its gate: the row as the save found it (LeaseLost if not ours).
-                stop_requested_at, lease_owner = self._write(carry).stop_requested, self.owner
+                carried = self._write(carry)
+                stop_requested_at, lease_owner = carried.stop_requested, self.owner
             else:
                 gate = fetch_one(_GATE, [self.task_id])
                 if gate is None:
@@ -104,10 +94,15 @@ class SqliteStore(BaseStore):
                         to_state=OPERATION_MOVES["claim"][1].value,
                         task_id=self.task_id,
                     )
-                    return Claim(ClaimStatus.CLAIMED, entry_of(row))
+        # Committed: only now is the carried step saved (a rollback leaves it to be sent
+        # again, its events still pending).
+        if carry is not None and carried is not None:
+            self._took(carry, carried)
         if refused is not None:
             raise refused
         entry = entry_of(row)
+        if claimed is not None:
+            return Claim(ClaimStatus.CLAIMED, entry)
         if entry.fingerprint != fingerprint:
             return Claim(ClaimStatus.CONFLICT, entry)
         return Claim(_CLAIM_ANSWERS[entry.state], entry)
@@ -117,9 +112,9 @@ class SqliteStore(BaseStore):
     ) -> Entry:
         return self._move(key, move, fingerprint=fingerprint, result=result)
 
-    def save(self, step: Step, *, record: Record | None = None) -> Saved:
+    def _save(self, step: Step, record: Record | None) -> Saved:
         if record is None and not step.events:
-            return self._write(step)
+            return self._took(step, self._write(step))
         with transaction.atomic():
             failed: LedgerError | None = None
             if record is not None:
@@ -130,12 +125,17 @@ class SqliteStore(BaseStore):
                 except LedgerError as exc:
                     failed = exc
             saved = self._write(step)
-        if failed is not None:
-            step.saved = saved = Saved(saved.stop_requested, failed)
+        return self._took(step, Saved(saved.stop_requested, failed))
+
+    def _took(self, step: Step, saved: Saved) -> Saved:
+        """``step`` is committed: its events are numbered, ``step.saved`` says so."""
+        self.next_seq += len(step.events)
+        step.saved = saved
         return saved
 
     def _write(self, step: Step) -> Saved:
-        """The counters' UPDATE, then the events; in the caller's transaction if any."""
+        """The counters' UPDATE, then the events, in the caller's transaction; what the
+        row says. Nothing is taken as saved here (:meth:`_took`, once it commits)."""
         usage = step.usage
         params: list[Any] = [usage[name] for name in _DIMENSIONS]
         params += (
@@ -156,6 +156,4 @@ class SqliteStore(BaseStore):
                     TraceEvent(task_id=self.task_id, phase=self.phase, seq=seq, **event)
                     for seq, event in enumerate(step.events, start=self.next_seq)
                 )
-        self.next_seq += len(step.events)
-        step.saved = Saved(row[0] is not None)
-        return step.saved
+        return Saved(row[0] is not None)

@@ -23,7 +23,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from console import services
-from console.ledger import DatabaseLedger, LeaseLost, StopRecorded
+from console.ledger import DatabaseLedger
 from console.models import (
     Operation,
     OperationEvent,
@@ -33,7 +33,7 @@ from console.models import (
     TraceEvent,
 )
 from console.roles import Role, assign
-from console.store import Step
+from console.store import LeaseLost, Step, StopRecorded
 from guard import Call, Kind, Result
 from guard.steps import ClaimStatus, LedgerError
 from tests.waiting import CLAIMER, release_together

@@ -232,3 +232,131 @@ def test_on_sqlite_the_runner_saves_every_step_and_a_claim_sees_a_stop_recorded_
         ["request", "blocked"],
         ["stop", ""],
     ]
+
+
+# The SQLite twin of test_runner.py's cut-off save: right after the first notice is sent,
+# another connection holds the database's write lock for a while, so the save carrying
+# the write's record fails with "database is locked" (its connection waits 100 ms, as a
+# busy standalone console might). The driver must make the record on its own before it
+# gives up, so that recovery resumes the task instead of sending it to a human.
+LOCKED = """
+import json, sqlite3, threading, time
+import django
+django.setup()
+from django.conf import settings
+from django.core.management import call_command
+from django.db import DatabaseError, connection
+from django.utils import timezone
+from datetime import timedelta
+from console import runner, services
+from console.demo.models import Notice
+from console.models import Operation, Task
+from tests.console.agents import NoticeWriter
+call_command("migrate", verbosity=0)
+task = services.task_start(agent="test_notices", input={"count": 2}, enqueue=lambda i: None)
+locker_done = threading.Event()
+def hold_the_write_lock(taken):
+    db = sqlite3.connect(settings.DATABASES["default"]["NAME"], isolation_level=None)
+    db.execute("BEGIN IMMEDIATE")
+    taken.set()
+    time.sleep(1.5)
+    db.execute("ROLLBACK")
+    db.close()
+    locker_done.set()
+real_send = NoticeWriter._send
+def send_then_lock(self, call):
+    result = real_send(self, call)
+    if not locker_done.is_set() and not hasattr(send_then_lock, "locked"):
+        send_then_lock.locked = True
+        taken = threading.Event()
+        threading.Thread(target=hold_the_write_lock, args=(taken,)).start()
+        taken.wait()
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA busy_timeout = 100")
+    return result
+NoticeWriter._send = send_then_lock
+out = {}
+try:
+    runner.drive(task.id)
+except DatabaseError as exc:
+    out["error"] = str(exc)
+locker_done.wait(10)
+connection.close()
+out["first"] = Operation.objects.get(key=f"task-{task.id}-notice-1").state
+Task.objects.filter(id=task.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+out["resumed"] = runner.sweep(enqueue=lambda i: None)["resumed"]
+runner.drive(task.id)
+task.refresh_from_db()
+out["end"] = [task.state, task.reason, task.recoveries]
+out["notices"] = Notice.objects.filter(idempotency_key__startswith=f"task-{task.id}-").count()
+print(json.dumps(out))
+"""
+
+
+def test_on_sqlite_a_verified_write_whose_save_finds_the_database_locked_is_still_recorded(
+    tmp_path: Path,
+) -> None:
+    drive = python(LOCKED, env=standalone_env(tmp_path))
+    out, err = drive.communicate(timeout=180)
+    assert drive.returncode == 0, err
+    seen = json.loads(out.strip().splitlines()[-1])
+
+    assert seen["error"] == "database is locked"
+    assert seen["first"] == "COMMITTED"
+    assert seen["resumed"] == 1
+    assert seen["end"] == ["COMPLETED", "goal_met", 1]
+    assert seen["notices"] == 2
+
+
+# A claim carrying the model call's save, whose transaction then fails (here: the claim's
+# history row is refused by a trigger, as a full disk would refuse it): the carried step
+# was not saved, so the driver must keep its events and send them again.
+ROLLED_BACK = """
+import json
+import django
+django.setup()
+from django.core.management import call_command
+from django.db import DatabaseError, connection
+from django.utils import timezone
+from console import services
+from console.models import Operation, Task, TraceEvent
+from console.store import Step, open_store
+call_command("migrate", verbosity=0)
+task = services.task_start(agent="test_notices", input={"count": 1}, enqueue=lambda i: None)
+store = open_store(task.id, "driver")
+store.take_lease(30)
+usage = {"model_calls": 1, "requests": 1, "executions": 1, "tokens": 0, "polls": 0,
+         "elapsed_ms": 0}
+def model_call():
+    return {"kind": "model_call", "at": timezone.now(), "decision": "planned"}
+with connection.cursor() as cursor:
+    cursor.execute("CREATE TRIGGER refuse_claims BEFORE INSERT ON console_operationevent "
+                   "BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+carried = Step(usage, 0, [model_call()])
+out = {}
+try:
+    store.claim("k-1", "f" * 64, tool="send_notice", args="{}", carry=carried)
+except DatabaseError as exc:
+    out["error"] = str(exc)
+with connection.cursor() as cursor:
+    cursor.execute("DROP TRIGGER refuse_claims")
+out["carried_saved"] = carried.saved is not None
+out["claimed"] = Operation.objects.filter(key="k-1").exists()
+store.save(Step(usage, 0, [model_call()]))  # the driver's events, still pending, go again
+task.refresh_from_db()
+out["trace"] = list(TraceEvent.objects.filter(task=task).values_list("seq", "kind"))
+out["next_seq"] = task.next_seq
+print(json.dumps(out))
+"""
+
+
+def test_on_sqlite_a_claim_that_rolls_back_leaves_its_carried_step_unsaved(tmp_path: Path) -> None:
+    run = python(ROLLED_BACK, env=standalone_env(tmp_path))
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    seen = json.loads(out.strip().splitlines()[-1])
+
+    assert seen["error"] == "disk full"
+    assert (seen["carried_saved"], seen["claimed"]) == (False, False)
+    assert seen["trace"] == [[1, "model_call"]]
+    assert seen["next_seq"] == 2

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
@@ -13,13 +11,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from console import lifecycle
-from console.models import Phase, StopReport, Task, TaskState, TraceEvent
+from console.models import Operation, OperationEvent, Phase, StopReport, Task, TaskState, TraceEvent
+from console.store import open_store
 from guard import Reason, State
 
 pytestmark = pytest.mark.django_db
 
 Start = Callable[..., Task]
-CONSOLE = Path(__file__).resolve().parents[2] / "console"
 
 
 def _running(task: Task, owner: str = "driver-a") -> Task:
@@ -102,42 +100,23 @@ def test_the_moves_start_from_the_states_the_product_promises() -> None:
     assert moves["cancel"][1] == {TaskState.CANCELLED}
 
 
-# -- who may import what ---------------------------------------------------------------------
+def test_an_operation_moves_only_from_a_state_its_move_may_leave_and_from_the_state_seen(
+    start: Start,
+) -> None:
+    task = start("test_notices", {"count": 1})
+    store = open_store(task.id, "driver-a")
+    store.take_lease(30)
+    store.claim("k-1", "f" * 64, tool="send_notice", args="{}")
+    seen = Operation.objects.get(key="k-1")  # IN_FLIGHT, as a slow reader saw it
+    lifecycle.operation_move(Operation.objects.get(key="k-1"), "lose", task_id=task.id)
 
+    with pytest.raises(lifecycle.LostRace, match="UNKNOWN, cannot become COMMITTED"):
+        lifecycle.operation_move(Operation.objects.get(key="k-1"), "record", task_id=task.id)
+    with pytest.raises(lifecycle.LostRace, match="no longer IN_FLIGHT"):
+        lifecycle.operation_move(seen, "lose", task_id=task.id)
 
-def _imports(path: Path) -> set[str]:
-    """The console modules ``path`` imports, as dotted names."""
-    package = ".".join(path.relative_to(CONSOLE.parent).with_suffix("").parts[:-1])
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parent, *([base] if base else [])])
-            names.add(base)
-            names.update(f"{base}.{alias.name}" for alias in node.names)
-    return {name for name in names if name.startswith("console")}
-
-
-def test_nothing_but_the_celery_tasks_imports_the_runner() -> None:
-    importers = sorted(
-        str(path.relative_to(CONSOLE.parent))
-        for path in CONSOLE.rglob("*.py")
-        if "console.runner" in _imports(path) and path.name != "runner.py"
+    assert Operation.objects.get(key="k-1").state == "UNKNOWN"
+    moves = OperationEvent.objects.filter(operation__key="k-1").values_list(
+        "from_state", "to_state"
     )
-
-    assert importers == ["console/tasks.py"]
-
-
-def test_the_step_stores_are_reached_only_through_their_interface() -> None:
-    implementations = {"console.store.postgresql", "console.store.sqlite"}
-    importers = sorted(
-        str(path.relative_to(CONSOLE.parent))
-        for path in CONSOLE.rglob("*.py")
-        if implementations & _imports(path) and path.parent.name != "store"
-    )
-
-    assert importers == []
+    assert list(moves.order_by("id")) == [("", "IN_FLIGHT"), ("IN_FLIGHT", "UNKNOWN")]

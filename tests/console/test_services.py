@@ -217,6 +217,48 @@ def test_resumption_is_refused_for_running_and_completed_tasks(
         services.task_approve_resumption(task_id=task.id, actor=operator, reason="x")
 
 
+@pytest.mark.parametrize("state", TaskState.values)
+def test_resumption_is_approved_exactly_where_the_task_says_it_can_resume(
+    start: Start, operator: User, state: str
+) -> None:
+    task = start("test_reader", {"pages": 1})
+    reason = "" if state in (TaskState.QUEUED, TaskState.RUNNING) else "operator_stop"
+    Task.objects.filter(id=task.id).update(state=state, reason=reason)
+    seen = Task.objects.get(id=task.id)
+
+    try:
+        services.task_approve_resumption(
+            task_id=task.id, actor=operator, reason="x", enqueue=lambda task_id: None
+        )
+        approved = True
+    except services.StaleState:
+        approved = False
+
+    assert approved is seen.can_resume
+
+
+@pytest.mark.parametrize("stopping", [False, True], ids=["", "stop-recorded"])
+@pytest.mark.parametrize("state", [TaskState.QUEUED, TaskState.RUNNING, TaskState.PARTIAL])
+def test_a_stop_is_taken_exactly_where_the_task_says_it_can_stop(
+    start: Start, operator: User, state: str, stopping: bool
+) -> None:
+    task = start("test_reader", {"pages": 1})
+    Task.objects.filter(id=task.id).update(
+        state=state,
+        reason="goal_unverified" if state == TaskState.PARTIAL else "",
+        stop_requested_at=timezone.now() if stopping else None,
+    )
+    seen = Task.objects.get(id=task.id)
+
+    try:
+        services.task_stop(task_id=task.id, actor=operator, reason="stop it")
+        stopped = True
+    except services.StaleState:
+        stopped = False
+
+    assert stopped is (seen.can_stop or seen.can_cancel)
+
+
 def test_a_grant_must_name_a_budget_and_a_whole_amount(start: Start, operator: User) -> None:
     task = start("test_reader", {"pages": 1})
     Task.objects.filter(id=task.id).update(state=TaskState.PARTIAL, reason="model_budget")

@@ -12,11 +12,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.utils import timezone
 
-from console import lifecycle
+from console import lifecycle, runner
 from console.models import Operation, OperationEvent, Task, TaskState, TraceEvent
-from console.store import LeaseLost, Record, Step, open_store
+from console.store import LeaseLost, Record, Step, StopRecorded, open_store
 from guard import Guard, Kind, Result
 from guard.steps import OPERATION_MOVES, LedgerError
 
@@ -52,6 +53,28 @@ def test_its_holder_may_take_the_lease_again_and_another_driver_may_not(start: S
     assert Task.objects.get(id=task.id).lease_owner == "client-a"
 
 
+def test_a_stop_recorded_meanwhile_does_not_end_a_running_task_its_holder_takes_again(
+    start: Start, operator: User
+) -> None:
+    """The holder's next request gets its task back, write in flight and all; the stop is
+    seen where every driver sees it (here: the claim's gate), not as "stopped before it
+    ran"."""
+    task = start("test_notices", {"count": 1})
+    first = open_store(task.id, "client-a")
+    first.take_lease(30)
+    first.claim("k-1", FP, tool="send_notice", args="{}")
+    lifecycle.request_stop(Task.objects.get(id=task.id), actor=operator, note="stop it")
+
+    again = open_store(task.id, "client-a")
+    taken = again.take_lease(30)
+
+    assert isinstance(taken, Task) and taken.state == TaskState.RUNNING
+    assert Operation.objects.get(key="k-1").state == "IN_FLIGHT"
+    with pytest.raises(StopRecorded):
+        again.claim("k-2", FP, tool="send_notice", args="{}")
+    assert Task.objects.get(id=task.id).state == TaskState.RUNNING
+
+
 def test_a_released_lease_lets_the_next_driver_in_where_the_task_stood(start: Start) -> None:
     task = start("test_reader", {"pages": 2})
     first = open_store(task.id, "client-a")
@@ -68,6 +91,21 @@ def test_a_released_lease_lets_the_next_driver_in_where_the_task_stood(start: St
     with pytest.raises(LeaseLost):
         first.save(Step(_usage(model_calls=2), 0))
     assert Task.objects.get(id=task.id).model_calls == 1
+
+
+def test_a_released_lease_leaves_the_task_to_the_recovery_sweep(start: Start) -> None:
+    task = start("test_notices", {"count": 1})
+    store = open_store(task.id, "client-a")
+    store.take_lease(30)
+    store.claim("k-1", FP, tool="send_notice", args="{}")
+
+    assert store.release_lease()
+    counts = runner.sweep(enqueue=lambda task_id: None)
+
+    task.refresh_from_db()
+    assert counts["recovered"] == 1
+    assert (task.state, task.reason) == (TaskState.NEEDS_HUMAN, "unknown_commit")
+    assert Operation.objects.get(key="k-1").state == "UNKNOWN"  # never run again
 
 
 def test_a_lease_renewed_by_each_request_keeps_the_sweep_away(start: Start) -> None:
@@ -146,6 +184,46 @@ def test_a_record_riding_on_a_save_that_cannot_make_it_says_why(start: Start) ->
     assert "NOT_COMMITTED, cannot become COMMITTED" in str(saved.record_failed)
     assert Operation.objects.get(key="k-1").state == "NOT_COMMITTED"
     assert Task.objects.get(id=task.id).executions == 1  # the step itself is saved
+
+
+def test_a_claim_carrying_a_step_with_a_checkpoint_saves_the_checkpoint_with_it(
+    start: Start,
+) -> None:
+    task = start("test_notices", {"count": 1})
+    store = open_store(task.id, "driver")
+    store.take_lease(30)
+    step = Step(_usage(model_calls=1), 0, [_request("send_notice")], {"phase": 1, "memo": "m"})
+
+    claim = store.claim("k-1", FP, tool="send_notice", args="{}", carry=step)
+
+    assert claim.status == "claimed"
+    assert step.saved is not None
+    task.refresh_from_db()
+    assert (task.checkpoint, task.model_calls, task.next_seq) == ({"phase": 1, "memo": "m"}, 1, 2)
+
+
+def test_claims_moves_and_saves_are_stamped_by_the_application_clock(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One clock for every path: the reconciliation queue orders operations by
+    ``updated_at``, whichever store or service wrote it."""
+    task = start("test_notices", {"count": 2})
+    store = open_store(task.id, "driver")
+    store.take_lease(30)
+    then = timezone.now() - timedelta(hours=1)
+    monkeypatch.setattr(timezone, "now", lambda: then)
+
+    store.claim("k-1", FP, tool="send_notice", args="{}")
+    claimed = Operation.objects.get(key="k-1")
+    store.claim("k-2", FP, tool="send_notice", args="{}", carry=Step(_usage(), 0))
+    store.settle("k-2", FP, "lose")
+    store.save(Step(_usage(), 0), record=Record("k-1", FP, {"kind": "SUCCESS", "data": None}))
+
+    recorded = Operation.objects.get(key="k-1")
+    assert (claimed.claimed_at, claimed.updated_at, recorded.updated_at) == (then, then, then)
+    assert Operation.objects.get(key="k-2").updated_at == then
+    assert set(OperationEvent.objects.values_list("at", flat=True)) == {then}
+    assert Task.objects.get(id=task.id).last_step_at == then
 
 
 # -- operation moves, by the table -----------------------------------------------------------
