@@ -27,17 +27,13 @@ def compose(
 ) -> dict[str, Any]:
     """A checkpoint of the parts, each one's own under its name (the budget's is ``usage``,
     what was spent); without ``history``, what grows with the phase left out."""
-    saved: dict[str, Any] = {
+    return {
         "version": CHECKPOINT_VERSION,
         "usage": budget.checkpoint(),
         "detector": detector.checkpoint(),
-        "settlement": settlement.checkpoint(),
-        "record": record.checkpoint(),
+        "settlement": settlement.checkpoint(history=history),
+        "record": record.checkpoint(history=history),
     }
-    if not history:
-        for name, part in _HISTORY_PARTS.items():
-            del saved[part][name]
-    return saved
 
 
 def history_of(saved: Mapping[str, Any]) -> dict[str, Any]:

@@ -234,8 +234,11 @@ class Record:
             detail=refusal.detail,
         )
 
-    def checkpoint(self) -> dict[str, Any]:
-        """The record's part of a checkpoint (``completed`` is history: see ``HISTORY``)."""
+    def checkpoint(self, *, history: bool = True) -> dict[str, Any]:
+        """The record's part of a checkpoint (``completed`` is history: see ``HISTORY``;
+        without it, only the total)."""
+        if not history:
+            return {"completed_total": self.total}
         return {"completed": [list(step) for step in self.completed], "completed_total": self.total}
 
     def load(self, raw: Mapping[str, Any]) -> None:

@@ -200,9 +200,10 @@ class SettlementStep:
         except Exception:  # the report must still be made; the ledger keeps the truth
             return []
 
-    def checkpoint(self) -> dict[str, Any]:
-        """The settlement's part of a checkpoint: the keys touched, in order."""
-        return {"touched": list(self.touched)}
+    def checkpoint(self, *, history: bool = True) -> dict[str, Any]:
+        """The settlement's part of a checkpoint: the keys touched, in order (history: see
+        ``HISTORY``; without it, nothing, and nothing that grows with the phase is copied)."""
+        return {"touched": list(self.touched)} if history else {}
 
     def load(self, raw: Mapping[str, Any]) -> None:
         """Take back a part made by :meth:`checkpoint` (``TypeError``/``KeyError`` if not)."""
