@@ -186,15 +186,18 @@ def operation_move(
 # -- moves -----------------------------------------------------------------------------------
 
 
-def _moved(task_id: int, move: str, target: str, *, seen: str, **fields: Any) -> None:
+def _moved(
+    task_id: int, move: str, target: str, *, seen: str, owner: str | None = None, **fields: Any
+) -> None:
     """The conditional update of one move: from ``seen`` (which the move may leave) to
-    ``target``; raises :class:`LostRace` unless exactly one row changed."""
+    ``target``, and only while ``owner`` holds the lease when given; raises
+    :class:`LostRace` unless exactly one row changed."""
     sources, targets = TASK_MOVES[move]
     if seen not in sources or target not in targets:
         raise LostRace(f"task {task_id} cannot {move} from {seen} to {target}")
     condition: dict[str, Any] = {"id": task_id, "state": seen}
-    if "lease_owner__exact" in fields:
-        condition["lease_owner"] = fields.pop("lease_owner__exact")
+    if owner is not None:
+        condition["lease_owner"] = owner
     if Task.objects.filter(**condition).update(state=target, **fields) != 1:
         raise LostRace(f"task {task_id} is no longer {seen}")
 
@@ -237,11 +240,9 @@ def finish_task(
         "lease_expires_at": None,
         **(counters or {}),
     }
-    if owner is not None:
-        fields["lease_owner__exact"] = owner
     if checkpoint is not None:
         fields["checkpoint"] = checkpoint
-    _moved(task.id, move, state, seen=seen, **fields)
+    _moved(task.id, move, state, seen=seen, owner=owner, **fields)
     Phase.objects.filter(task_id=task.id, number=task.phase).update(
         ended_at=now, state=state, reason=reason
     )
