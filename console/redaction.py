@@ -9,6 +9,7 @@ masked wherever they appear. Previews are bounded so a huge payload cannot bloat
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable
 from functools import lru_cache
@@ -18,7 +19,11 @@ from django.conf import settings
 
 REDACTED = "[redacted]"
 PREVIEW_CHARS = 2_000
-_MAX_DEPTH = 20
+MAX_DEPTH = 20
+"""How deep :func:`redact` walks; below it a value is cut (``…``)."""
+_MAX_DEPTH = MAX_DEPTH
+# A surrogate code point alone: JSON can carry one ("\ud800"), UTF-8 cannot encode it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # Compared with the key lower-cased and without separators: "X-Api-Key" -> "xapikey".
 _SECRET_NAMES = frozenset({"auth", "pass", "pwd", "session", "sessionid", "cookie", "otp", "pin"})
@@ -39,20 +44,28 @@ _SECRET_ENDINGS = (
 _SEPARATORS = re.compile(r"[-_.\s]")
 _SECRET_TEXT = re.compile(
     r"(?i:bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"
-    r"|\b(?:sk|pk|rk|ghp|gho|xox[abpr]|AKIA)[-_A-Za-z0-9]{12,}"
+    r"|\b(?:sk|pk|rk|ghp|gho|ghs|ghu|xox[abpr]|AKIA)[-_A-Za-z0-9]{12,}"
+    r"|\b(?:github_pat_|glpat-)[-_A-Za-z0-9]{12,}"
     r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
 )
-# "password=hunter2", "api_key: abc", 'token="xyz"' inside free text (error messages).
+# "password=hunter2", "api_key: abc", 'token="xyz"', '"client_secret": "xyz"',
+# "Authorization: Token abc" inside free text (error messages, reasons people type). A name
+# may carry a prefix ("db_password", "x-api-key"), never glued letters ("tokens: 5" is not a
+# token). The value is a quoted string, an auth scheme and its credential, or a run up to the
+# next space, comma, semicolon or ampersand.
+_PAIR_VALUE = r"(\"[^\"]*\"|'[^']*'|(?i:bearer|basic|token|digest)\s+[^\s,;&]+|[^\s,;&]+)"
+_PAIR_SEPARATOR = r"[\"']?\s*[=:]\s*"
 _SECRET_PAIR = re.compile(
-    r"(?i)\b((?:pass(?:word|wd)?|pwd|secret|token|api[-_]?key|access[-_]?key|auth)"
-    r"\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&]+)"
+    r"(?i)(?<![A-Za-z0-9])((?:pass(?:word|wd)?|pwd|secret|token|api[-_]?key|access[-_]?key"
+    r"|auth|authorization|credentials?|private[-_]?key)" + _PAIR_SEPARATOR + ")" + _PAIR_VALUE
 )
 
 
 # Every pattern above needs one of these words to match: a text without any of them has
 # nothing to mask, and one search answers that (most arguments and results are such).
 _MAYBE_SECRET = re.compile(
-    r"(?i:pass|pwd|secret|token|api|access|auth|bearer|basic)|sk|pk|rk|gh[po]|xox|AKIA|eyJ"
+    r"(?i:pass|pwd|secret|token|api|access|auth|bearer|basic|credential|private)"
+    r"|sk|pk|rk|gh[opsu]|github_pat_|glpat-|xox|AKIA|eyJ"
 )
 
 
@@ -95,7 +108,7 @@ def _redact(value: Any, extra: frozenset[str], depth: int) -> Any:
         return "…"
     kind = type(value)  # the exact JSON types first: the common case, cheaply
     if kind is str:
-        return redact_text(value)
+        return _redact_text(value, extra)
     if value is None or kind is int or kind is bool or kind is float:
         return value
     if isinstance(value, dict):
@@ -112,18 +125,99 @@ def _redact(value: Any, extra: frozenset[str], depth: int) -> Any:
         return [_redact(item, extra, depth + 1) for item in value]
     if isinstance(value, str):
         # PostgreSQL text and jsonb cannot hold NUL: keep a visible stand-in instead.
-        return redact_text(value)
+        return _redact_text(value, extra)
     if isinstance(value, bool | int | float):
         return value
     return _redact(repr(value), extra, depth)
 
 
 def redact_text(text: str) -> str:
-    """``text`` with credential-looking strings masked (for messages, not structures)."""
-    if _MAYBE_SECRET.search(text) is None:
+    """``text`` with credential-looking spans masked, the rest kept readable.
+
+    For free text: messages, and what people type (reasons, evidence). Masked are
+    credentials of known shapes (``Bearer …``, ``sk-…``, ``ghp_…``, ``xox…``, JWTs), and the
+    value after a secret's name (``password=…``, ``passwd: …``, ``token=…``, ``api_key=…``,
+    ``client_secret=…``, ``Authorization: …``) or after a field named in
+    ``LOOPGUARD_REDACT_FIELDS`` (``iban=…``). A NUL becomes U+FFFD.
+    """
+    return _redact_text(text, _extra_fields())
+
+
+def _redact_text(text: str, extra: frozenset[str]) -> str:
+    custom = _field_pair(extra) if extra else None
+    if _MAYBE_SECRET.search(text) is None and (custom is None or custom.search(text) is None):
         return text.replace("\x00", "\ufffd") if "\x00" in text else text
-    masked = _SECRET_PAIR.sub(lambda m: m.group(1) + REDACTED, text)
-    return _SECRET_TEXT.sub(REDACTED, masked).replace("\x00", "\ufffd")
+    # Credentials of a known shape first: "Authorization: Bearer abc…" then leaves a pair
+    # whose whole value is already masked, rather than a masked scheme and a bare token.
+    masked = _SECRET_TEXT.sub(REDACTED, text)
+    masked = _SECRET_PAIR.sub(_keep_name, masked)
+    if custom is not None:
+        masked = custom.sub(_keep_name, masked)
+    return masked.replace("\x00", "\ufffd")
+
+
+def _keep_name(match: re.Match[str]) -> str:
+    value = match.group(2)
+    if value[:1] in "\"'":  # a quoted value stays quoted: JSON text stays JSON
+        return match.group(1) + value[0] + REDACTED + value[0]
+    return match.group(1) + REDACTED
+
+
+@lru_cache(maxsize=16)
+def _field_pair(extra: frozenset[str]) -> re.Pattern[str]:
+    """``name=value`` (or ``name: value``) of the configured fields, inside free text."""
+    names = "|".join(re.escape(name) for name in sorted(extra, key=len, reverse=True))
+    return re.compile(
+        r"(?i)(?<![A-Za-z0-9])((?:" + names + ")" + _PAIR_SEPARATOR + ")" + _PAIR_VALUE
+    )
+
+
+def unstorable(value: Any) -> str | None:
+    """Why ``value`` cannot be stored as it is, or ``None`` when it can.
+
+    Stored means kept exactly, redaction apart: strict JSON (no NaN or Infinity, text keys),
+    no NUL character (PostgreSQL text cannot hold it), no lone surrogate (it is not text and
+    cannot be encoded), and no deeper than :data:`MAX_DEPTH` levels, below which redaction
+    would cut it. Walked without recursion, so a value of any depth gets an answer.
+    """
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"it is nested deeper than {MAX_DEPTH} levels"
+        if isinstance(item, str):
+            problem = text_problem(item)
+            if problem is not None:
+                return f"it contains {problem}"
+        elif item is None or isinstance(item, bool | int):
+            continue
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"{item} is not a JSON number"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return f"the key {key!r} is not text"
+                problem = text_problem(key)
+                if problem is not None:
+                    return f"the key {key!r} contains {problem}"
+                stack.append((child, depth + 1))
+        elif isinstance(item, list | tuple):
+            stack.extend((child, depth + 1) for child in item)
+        else:
+            return f"a {type(item).__name__} is not JSON"
+    return None
+
+
+def text_problem(text: str) -> str | None:
+    """What in ``text`` cannot be stored ("a NUL character (\\u0000)", "a lone surrogate
+    …"), or ``None`` when nothing."""
+    if "\x00" in text:
+        return "a NUL character (\\u0000)"
+    surrogate = _SURROGATE.search(text)
+    if surrogate is not None:
+        return f"a lone surrogate (\\u{ord(surrogate.group()):04x}), which is not text"
+    return None
 
 
 def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:

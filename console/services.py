@@ -18,7 +18,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from guard import Limits
@@ -36,7 +36,7 @@ from .models import (
     Task,
     TaskState,
 )
-from .redaction import redact
+from .redaction import redact, redact_text, text_problem, unstorable
 
 logger = logging.getLogger(__name__)
 
@@ -122,16 +122,20 @@ def task_start(
     operator instead of running: a per-run budget cannot see an outer trigger loop.
     """
     input = dict(input or {})
+    reason = _optional(reason)
     try:
         cls = agent_class(agent)
     except UnknownAgent as exc:
         raise InvalidInput(str(exc)) from exc
+    # Before anything walks the input recursively (the encoder, the fingerprint, redaction):
+    # this check is iterative, so any depth gets an answer instead of a RecursionError.
+    problem = unstorable(input)
+    if problem is not None:
+        raise InvalidInput(f"the input is not JSON that can be stored: {problem}")
     try:
         encoded = json.dumps(input, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"the input is not JSON: {exc}") from exc
-    if _has_nul(input):
-        raise InvalidInput("the input contains a NUL character (\\u0000), which cannot be stored")
     if len(encoded.encode()) > MAX_INPUT_BYTES:
         raise InvalidInput(f"the input is larger than {MAX_INPUT_BYTES // 1024} KiB")
     try:
@@ -143,6 +147,9 @@ def task_start(
     user = actor if isinstance(actor, User) else None
 
     with transaction.atomic():
+        # Counting the recent starts and inserting this one is one decision: without the
+        # lock, concurrent starts of one goal each count the same committed tasks and all run.
+        _lock_goal(fingerprint)
         window = timezone.now() - timedelta(seconds=settings.LOOPGUARD_RESTART_WINDOW_SECONDS)
         recent = Task.objects.filter(
             agent=agent, input_fingerprint=fingerprint, created_at__gte=window
@@ -203,8 +210,14 @@ def task_stop(*, task_id: int, actor: User, reason: str) -> Task:
             # report of its own after the hold's.
             _moving(lifecycle.cancel, task, actor=actor, note=reason)
         task.refresh_from_db()
-        _audit(actor, AuditAction.STOP, reason, task=task, before=before,
-               after={"state": task.state, "stop_requested": True})
+        _audit(
+            actor,
+            AuditAction.STOP,
+            reason,
+            task=task,
+            before=before,
+            after={"state": task.state, "stop_requested": True},
+        )
     return task
 
 
@@ -229,6 +242,14 @@ def operation_mark_not_committed(*, key: str, actor: User, evidence: str) -> Ope
 
 def _settle(key: str, actor: User, evidence: str, *, committed: bool, result: Any) -> Operation:
     evidence = _required(evidence, what="evidence")
+    if committed:
+        # What is stored is what the agent is handed when it asks again: refuse what could
+        # only be stored altered (cut below the depth redaction walks) or not at all.
+        problem = unstorable(result)
+        if problem is not None:
+            raise InvalidInput(f"the result cannot be stored: {problem}")
+    if text_problem(key) is not None:
+        raise NotFound(f"there is no operation {key!r}")  # no stored key holds such text
     with transaction.atomic():
         op = Operation.objects.select_for_update().filter(key=key).first()
         if op is None:
@@ -253,8 +274,15 @@ def _settle(key: str, actor: User, evidence: str, *, committed: bool, result: An
         except lifecycle.LostRace as exc:
             raise StaleState(f"{key} is already {op.state}") from exc
         action = AuditAction.MARK_COMMITTED if committed else AuditAction.MARK_NOT_COMMITTED
-        _audit(actor, action, evidence, task_id=op.task_id, operation=op, before=before,
-               after={"state": op.state})
+        _audit(
+            actor,
+            action,
+            evidence,
+            task_id=op.task_id,
+            operation=op,
+            before=before,
+            after={"state": op.state},
+        )
     return op
 
 
@@ -308,16 +336,20 @@ def task_approve_resumption(
         number = _moving(
             lifecycle.resume, task, actor=actor, note=reason, grant=grant, limits=limits
         )
-        _audit(actor, AuditAction.APPROVE_RESUMPTION, reason, task=task, before=before,
-               after={"state": TaskState.QUEUED, "phase": number, "grant": grant,
-                      "limits": limits})
+        _audit(
+            actor,
+            AuditAction.APPROVE_RESUMPTION,
+            reason,
+            task=task,
+            before=before,
+            after={"state": TaskState.QUEUED, "phase": number, "grant": grant, "limits": limits},
+        )
         transaction.on_commit(lambda: enqueue(task.id))
     task.refresh_from_db()
     return task
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
 
 
 def operation_look_up(*, key: str, actor: User) -> tuple[Operation, dict[str, Any]]:
@@ -330,6 +362,8 @@ def operation_look_up(*, key: str, actor: User) -> tuple[Operation, dict[str, An
     """
     if not actor.is_authenticated:
         raise Refused("a signed-in person is required")
+    if text_problem(key) is not None:
+        raise NotFound(f"there is no operation {key}")  # no stored key holds such text
     op = Operation.objects.filter(key=key).select_related("task").first()
     if op is None:
         raise NotFound(f"there is no operation {key}")
@@ -364,14 +398,20 @@ def operation_look_up(*, key: str, actor: User) -> tuple[Operation, dict[str, An
     return op, found
 
 
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
-    return False
+def _lock_goal(fingerprint: str) -> None:
+    """Serialise, until this transaction ends, the starts of one goal (agent and input).
+
+    PostgreSQL: a transaction-scoped advisory lock on the fingerprint's first 64 bits (two
+    goals sharing them only wait for each other). Under READ COMMITTED the count that follows
+    is a new snapshot, so it sees every start that held the lock before. SQLite needs none:
+    its transactions are IMMEDIATE (settings), so every writer already holds the database's
+    one write lock from BEGIN.
+    """
+    if connection.vendor != "postgresql":
+        return
+    key = int.from_bytes(bytes.fromhex(fingerprint[:16]), "big", signed=True)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
 
 
 def _moving[T](move: Callable[..., T], task: Task, **kwargs: Any) -> T:
@@ -389,11 +429,28 @@ def _lock_task(task_id: int) -> Task:
     return task
 
 
+MAX_TEXT_CHARS = 4000
+
+
 def _required(text: str, *, what: str = "a reason") -> str:
-    text = (text or "").strip()
+    """What a person typed (a reason, evidence), checked and redacted before it is stored."""
+    text = _optional(text, what=what)
     if not text:
         raise InvalidInput(f"{what} is required")
-    return text[:4000]
+    return text
+
+
+def _optional(text: str, *, what: str = "the reason") -> str:
+    """Free text as stored: trimmed, refused if it cannot be stored (a NUL, a lone
+    surrogate: PostgreSQL cannot hold the one, UTF-8 cannot encode the other), and with
+    secrets masked, because reasons and evidence are shown and exported as typed."""
+    if not text:
+        return ""
+    problem = text_problem(text)
+    if problem is not None:
+        raise InvalidInput(f"{what} cannot be stored: it contains {problem}")
+    # Masked before it is cut, so a cut cannot leave a secret's tail unrecognised.
+    return redact_text(text.strip())[:MAX_TEXT_CHARS].strip()
 
 
 def _audit(
@@ -433,4 +490,3 @@ __all__ = [
     "task_start",
     "task_stop",
 ]
-
