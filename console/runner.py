@@ -27,11 +27,18 @@ from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+    transaction,
+)
 from django.utils import timezone
 
 from guard import Call, Finish, Guard, Nudge, Reason, Report, Result, State
-from guard.steps import Action, LedgerError, Ticket
+from guard.steps import Action, LedgerError, Ticket, transient_error
 
 from . import lifecycle
 from .agents import Agent, Tool, agent_class
@@ -213,6 +220,7 @@ class _Driver:
             "cancel": self.stop,
             "nudge": self.agent.nudge,
             "tools": {name: tool.effect for name, tool in self.tools.items()},
+            "transient": _transient,
         }
         self.guard = _guard_of(task, checkpoint, store, options)
         # What the last model call's calls came to, saved with the agent's memory: the two
@@ -531,6 +539,13 @@ def _unrecorded(guard: Guard, stop: Report | None, failed: LedgerError | None) -
     return replace(stop, state=State.NEEDS_HUMAN, reason=Reason.UNKNOWN_COMMIT, detail=detail)
 
 
+def _transient(error: BaseException) -> bool:
+    """An error after which a write may run again once its lookup proved it did not happen:
+    a lost connection or a timeout, the database's own included (a cut connection, a
+    restart, a serialization failure)."""
+    return transient_error(error) or isinstance(error, (OperationalError, InterfaceError))
+
+
 def _guard_of(
     task: Task, checkpoint: dict[str, Any], store: StepStore, options: dict[str, Any]
 ) -> Guard:
@@ -550,12 +565,22 @@ def _guard_of(
 def _checkpoint_of(phase: int, guard: Guard, agent: Agent, observation: Any) -> dict[str, Any]:
     """What a restart of ``phase`` resumes from. What grows with the phase stays out (the
     trace holds it, ``StepStore.history`` rebuilds it), so that a step's cost does not
-    grow with the phase's length."""
+    grow with the phase's length.
+
+    Secrets stay out (invariant 10): the agent's memory (a model's conversation quotes tool
+    results) and the last observation are stored redacted, as the trace and the ledger store
+    them; a resumed agent reads them as a re-requested committed write reads its stored
+    result. An agent's credentials come from its configuration, never from its memory. The
+    guard's part is counters, fingerprints and operation keys, kept exact: it holds nothing
+    a tool returned or a person typed, and loop detection needs it unchanged.
+    """
+    from .redaction import redact  # the module imports only redact_text and preview
+
     return {
         "phase": phase,
         "guard": guard.checkpoint(history=False),
-        "agent": agent.memory,
-        "observation": _encode(observation),
+        "agent": redact(agent.memory),
+        "observation": redact(_encode(observation)),
     }
 
 

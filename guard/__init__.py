@@ -50,6 +50,7 @@ __all__ = [
     "Usage",
 ]
 
+
 def __getattr__(name: str) -> object:
     """A name that left the top level in 0.2 for ``guard.steps`` or ``guard.adapters``: it
     still imports from here, with a ``DeprecationWarning``, until the next minor release."""

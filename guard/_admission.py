@@ -25,6 +25,7 @@ from ._values import Call, Effect, Nudge, Reason, State
 __all__ = ["AdmissionStep", "Refused"]
 
 _NO_ROOM = Refusal(State.PARTIAL, Reason.EXECUTION_BUDGET)
+_IN_FLIGHT = Refusal(State.NEEDS_HUMAN, Reason.OPERATION_IN_FLIGHT)
 
 
 class Refused(NamedTuple):
@@ -94,7 +95,17 @@ class AdmissionStep:
                     return Refused(reuse, call, fp if reuse.named else None)
             poll = detector.admit(call, fp)
             if poll is not False and poll is not True:
-                return poll if isinstance(poll, Nudge) else Refused(poll, call, fp)
+                if isinstance(poll, Nudge):
+                    return poll
+                # Out of polls while another execution still holds the write: that one
+                # is for a human to look at, not a budget to raise.
+                if (
+                    poll.reason is Reason.POLL_BUDGET
+                    and call.effect == "write"
+                    and settlement.in_flight(str(call.operation_key))
+                ):
+                    return Refused(_IN_FLIGHT, call, fp)
+                return Refused(poll, call, fp)
             if not reuse and not budget.admit_execution():
                 return Refused(_NO_ROOM, call, fp)
             tickets.append(Ticket(index, call, fp, poll))

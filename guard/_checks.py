@@ -228,6 +228,12 @@ def safe_repr(value: Any) -> str:
         return f"<{type(value).__name__}>"
 
 
+def transient_error(exc: BaseException) -> bool:
+    """The guard's default ``transient``: a lost connection or a timeout
+    (``ConnectionError``, ``TimeoutError``), which the same call may well not meet again."""
+    return isinstance(exc, (ConnectionError, TimeoutError))
+
+
 def describe(exc: BaseException) -> str:
     """An exception as a line of a stop report (bounded; never raises)."""
     name = type(exc).__name__

@@ -19,7 +19,16 @@ from typing import Any
 from ._admission import AdmissionStep, Refused
 from ._budget import Budget, usage_from
 from ._checkpoint import compose, history_of, load, parts_of
-from ._checks import Cancel, Cancellation, Refusal, count, describe, present, result_problem
+from ._checks import (
+    Cancel,
+    Cancellation,
+    Refusal,
+    count,
+    describe,
+    present,
+    result_problem,
+    transient_error,
+)
 from ._detector import Detector
 from ._driver import Execute, Inspect, Plan, drive
 from ._ledger import InMemoryLedger, Ledger
@@ -27,7 +36,7 @@ from ._outcome import OutcomeStep
 from ._report import Record, Report
 from ._settlement import Lookup, SettlementStep
 from ._ticket import Action, Decision, Status, Ticket, execute, reuse, stopped
-from ._values import Effect, Finish, Limits, Nudge, Reason, State, Usage
+from ._values import Effect, Finish, Limits, Nudge, Reason, Result, State, Usage
 
 __all__ = ["Guard"]
 
@@ -66,7 +75,9 @@ class Guard:
     carry a task's verified progress and spent budget into a new phase; ``cancel`` is an
     event (``is_set()``) or callable checked before every model call, execution and wait;
     ``nudge`` turns the first repeat or cycle into a :class:`Nudge` for the model; ``tools``
-    (name → ``"read"``/``"write"``) makes unknown tools and wrong effects a ``bad_call``.
+    (name → ``"read"``/``"write"``) makes unknown tools and wrong effects a ``bad_call``;
+    ``transient`` tells an error worth one more try (a write only when a trusted lookup
+    proved it did not happen; default: a lost connection or a timeout).
     """
 
     def __init__(
@@ -81,10 +92,12 @@ class Guard:
         cancel: Cancel | None = None,
         nudge: bool = False,
         tools: Mapping[str, Effect] | None = None,
+        transient: Callable[[BaseException], bool] = transient_error,
     ) -> None:
         self.limits = limits if limits is not None else Limits()
         self.ledger: Ledger = ledger if ledger is not None else InMemoryLedger()
         self._wait = wait
+        self._transient = transient
         self._cancel = Cancellation(cancel)
         self._budget = Budget(self.limits, now, used if used is not None else Usage())
         self._detector = Detector(self.limits, revision, nudge=nudge)
@@ -242,6 +255,8 @@ class Guard:
             if claimed is not None:
                 if isinstance(claimed, Refusal):
                     return self._refuse(ticket, claimed)
+                if isinstance(claimed, Result):  # PENDING: another execution holds it
+                    return reuse(ticket, claimed)
                 return reuse(ticket, claimed.result)
         elif refused is not None:
             return self._refuse(ticket, _NO_ROOM)
@@ -272,7 +287,10 @@ class Guard:
             ticket.status = Status.RAN
             if ticket.call.effect != "write" and self._cancel.requested():
                 return self._stop(_CANCELLED, ticket)
-            refused = self._outcome.lose(ticket, describe(error), lookup, inspect)
+            transient = self._transient(error)
+            refused = self._outcome.lose(
+                ticket, describe(error), lookup, inspect, transient=transient
+            )
         elif (problem := result_problem(result)) is not None:  # else it is a Result
             refused = self._outcome.lose(ticket, problem, lookup, inspect, Reason.BAD_RESULT)
         else:

@@ -94,12 +94,17 @@ class OutcomeStep:
         lookup: Lookup | None = None,
         inspect: Inspect | None = None,
         reason: Reason = Reason.EXECUTOR_ERROR,
+        *,
+        transient: bool = False,
     ) -> Refusal | None:
         """``ticket``'s outcome is lost: a lookup may settle a write (then it is verified as
-        usual, with ``inspect``); otherwise the task stops, a write left ``UNKNOWN``."""
+        usual, with ``inspect``; a ``transient`` error it proves harmless is retryable);
+        otherwise the task stops, a write left ``UNKNOWN``."""
         ticket.status = Status.RAN
         call, fp, settle = ticket.call, ticket.fingerprint, inspect is not None
-        outcome = self._settlement.lose(call, fp, detail, lookup, settle=settle, reason=reason)
+        outcome = self._settlement.lose(
+            call, fp, detail, lookup, settle=settle, reason=reason, transient=transient
+        )
         if isinstance(outcome, Refusal):
             return outcome
         ticket.result = outcome

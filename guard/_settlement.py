@@ -18,22 +18,24 @@ from ._checks import Cancellation, Refusal, present, settlement, text
 from ._ledger import ClaimStatus, Ledger, Operation
 from ._values import Call, Evidence, Kind, OperationState, Reason, Result, Settlement, State
 
-__all__ = ["Lookup", "SettlementStep"]
+__all__ = ["IN_FLIGHT_WAIT_MS", "RETRY_WAIT_MS", "Lookup", "SettlementStep"]
 
 Lookup = Callable[[str], Any]
 """A trusted lookup by operation key; may return a :class:`Settlement`."""
 
 _CONFLICT = Refusal(State.NEEDS_HUMAN, Reason.OPERATION_CONFLICT)
-_IN_FLIGHT = Refusal(State.NEEDS_HUMAN, Reason.OPERATION_IN_FLIGHT)
 _UNKNOWN = Refusal(State.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT)
 _MISSING_KEY = Refusal(State.NEEDS_HUMAN, Reason.MISSING_OPERATION_KEY, named=False)
 _NO_ROOM = Refusal(State.PARTIAL, Reason.EXECUTION_BUDGET)
 _CANCELLED = Refusal(State.CANCELLED, Reason.OPERATOR_STOP)
 _CLAIM_STOPS = {
     ClaimStatus.CONFLICT: _CONFLICT,
-    ClaimStatus.IN_FLIGHT: _IN_FLIGHT,
     ClaimStatus.UNKNOWN: _UNKNOWN,
 }
+IN_FLIGHT_WAIT_MS = 1000
+"""How long a write waits before asking again for an operation another execution holds."""
+RETRY_WAIT_MS = 200
+"""How long a write waits before its retry after a transient error proved harmless."""
 
 
 class SettlementStep:
@@ -81,18 +83,23 @@ class SettlementStep:
         self.touched[key] = None
         if entry.fingerprint != fp:
             return _CONFLICT
-        if entry.state is OperationState.IN_FLIGHT:
-            return _IN_FLIGHT
+        # IN_FLIGHT: another execution holds it; the claim meets it and waits.
         if entry.state is OperationState.UNKNOWN:
             return _UNKNOWN
         return entry.state is OperationState.COMMITTED
 
     # -- the executor's entry ------------------------------------------------------------
 
-    def claim(self, key: str, fp: str, *, room: bool) -> Refusal | Operation | None:
+    def claim(self, key: str, fp: str, *, room: bool) -> Refusal | Operation | Result | None:
         """Claim ``key`` for one execution: ``None`` means this caller owns it and may
         execute; an :class:`Operation` is a committed entry whose result is reused. Without
-        ``room`` in the execution budget only a reuse is possible."""
+        ``room`` in the execution budget only a reuse is possible.
+
+        Held ``IN_FLIGHT`` by another execution (another task, worker or thread), it is a
+        ``PENDING`` :class:`Result` to hand the model instead: nothing runs, the model asks
+        again after ``wait_ms`` like any pending job (the poll budget and the deadline
+        bound the wait), and meets the settled entry then: committed, its result is reused;
+        verified not committed, it is claimed; uncertain, the task stops for a human."""
         try:
             if not room:
                 entry = self.ledger.get(key)
@@ -109,9 +116,19 @@ class SettlementStep:
         self.touched[key] = None
         if claim.status is ClaimStatus.COMMITTED:
             return claim.operation
+        if claim.status is ClaimStatus.IN_FLIGHT:
+            return in_flight_elsewhere(key)
         if claim.status is not ClaimStatus.CLAIMED:
             return _CLAIM_STOPS[claim.status]
         return None
+
+    def in_flight(self, key: str) -> bool:
+        """Whether ``key`` is ``IN_FLIGHT`` now (False if the ledger cannot say)."""
+        try:
+            entry = self.ledger.get(key)
+        except Exception:
+            return False
+        return entry is not None and entry.state is OperationState.IN_FLIGHT
 
     # -- after the execution -------------------------------------------------------------
 
@@ -152,9 +169,15 @@ class SettlementStep:
         *,
         settle: bool,
         reason: Reason = Reason.EXECUTOR_ERROR,
+        transient: bool = False,
     ) -> Refusal | Result:
         """A call's outcome is lost. A write becomes ``UNKNOWN`` unless a trusted lookup
-        settles it; with ``settle``, a lookup's "committed" hands back the result to verify."""
+        settles it; with ``settle``, a lookup's "committed" hands back the result to verify.
+
+        A write the lookup proves did not happen is ``NOT_COMMITTED``: the task stops, unless
+        the error was ``transient`` (a connection lost, a timeout): then it is a
+        ``RETRYABLE`` result, and the model's next request for it claims it again, within
+        the budget and the repeat limit like any retry."""
         key = call.operation_key
         if call.effect != "write" or key is None:
             return Refusal(State.FAILED, reason, detail)
@@ -169,6 +192,12 @@ class SettlementStep:
                 self.ledger.resolve(key, committed=True, result=result, evidence=found.evidence)
                 return result
             self.ledger.resolve(key, committed=False, evidence=found.evidence)
+            if transient and reason is not Reason.OPERATOR_STOP:
+                return Result(
+                    Kind.RETRYABLE,
+                    {"operation_key": key, "error": detail, "committed": False},
+                    wait_ms=RETRY_WAIT_MS,
+                )
             state = State.CANCELLED if reason is Reason.OPERATOR_STOP else State.FAILED
             return Refusal(state, reason, detail)
         except Exception as exc:
@@ -208,6 +237,15 @@ class SettlementStep:
     def load(self, raw: Mapping[str, Any]) -> None:
         """Take back a part made by :meth:`checkpoint` (``TypeError``/``KeyError`` if not)."""
         self.touched = {text(key): None for key in raw["touched"]}
+
+
+def in_flight_elsewhere(key: str) -> Result:
+    """What a write gets instead of running while another execution holds its key."""
+    return Result(
+        Kind.PENDING,
+        {"operation_key": key, "in_flight": "another execution of this operation is running"},
+        wait_ms=IN_FLIGHT_WAIT_MS,
+    )
 
 
 def look_up(lookup: Lookup, key: str) -> Settlement | None:

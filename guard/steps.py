@@ -21,15 +21,23 @@ A host that keeps a guard across processes stores ``guard.checkpoint(history=Fal
 says what each stop reason asks of an approver. Calls are told apart by
 :func:`fingerprint` (sha256 over the tool and :func:`canonical_json` of the arguments).
 
+A write whose key another execution holds ``IN_FLIGHT`` is not run: ``before_tool`` answers
+``REUSE`` with a ``PENDING`` result (wait :data:`IN_FLIGHT_WAIT_MS`, then ask again). A
+write whose error :func:`transient_error` (or the guard's ``transient``) calls passing, and
+that a trusted lookup proves did not happen, comes back ``RETRYABLE``
+(:data:`RETRY_WAIT_MS`) instead of stopping the task.
+
 A ledger implements :class:`guard.Ledger` with :class:`Claim`, :class:`ClaimStatus`,
 :class:`Operation` and :class:`LedgerError`, and moves entries only as
 :data:`OPERATION_MOVES` allows.
 """
 
 from ._checkpoint import CHECKPOINT_VERSION, HISTORY
+from ._checks import transient_error
 from ._fingerprint import BadArguments, canonical_json, fingerprint
 from ._ledger import OPERATION_MOVES, Claim, ClaimStatus, LedgerError, Operation
 from ._report import COMPLETED_KEPT, RESUME_CONDITIONS
+from ._settlement import IN_FLIGHT_WAIT_MS, RETRY_WAIT_MS
 from ._ticket import Action, Decision, Ticket
 from ._values import DIMENSIONS, Dimension, Effect
 
@@ -38,8 +46,10 @@ __all__ = [
     "COMPLETED_KEPT",
     "DIMENSIONS",
     "HISTORY",
+    "IN_FLIGHT_WAIT_MS",
     "OPERATION_MOVES",
     "RESUME_CONDITIONS",
+    "RETRY_WAIT_MS",
     "Action",
     "BadArguments",
     "Claim",
@@ -52,4 +62,5 @@ __all__ = [
     "Ticket",
     "canonical_json",
     "fingerprint",
+    "transient_error",
 ]

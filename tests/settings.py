@@ -12,6 +12,7 @@ LOOPGUARD_AGENTS = {
     "test_notices": "tests.console.agents.NoticeWriter",
     "test_reader": "tests.console.agents.SlowReader",
     "test_waiter": "tests.console.agents.Waiter",
+    "test_shared_notice": "tests.console.agents.SharedNotice",
     "support_desk_model": "console.demo.support_desk.SupportDeskModel",
 }
 # A model that is never there (the discard port refuses): tests that talk to one start a

@@ -6,6 +6,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import psycopg
+from django.db import connection
+
 from console.agents import Agent, Tool
 from console.demo import desk
 from console.demo.models import Notice
@@ -17,11 +20,23 @@ def _sleep(ms: Any) -> None:
         time.sleep(float(ms) / 1000.0)
 
 
+def _cut_own_connection() -> None:
+    """Kill this thread's database session from another one: a real lost database."""
+    connection.ensure_connection()
+    pid = connection.connection.info.backend_pid
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params, autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
 class NoticeWriter(Agent):
     """Sends ``count`` notices one after another, each a write with its own key.
 
     ``sleep_ms`` is spent inside the tool *after* the notice is committed, so a process
-    killed then leaves a committed action whose response never came back.
+    killed then leaves a committed action whose response never came back. With ``cut``:
+    n, the first send of notice n finds its database session killed.
     """
 
     name = "test_notices"
@@ -39,6 +54,11 @@ class NoticeWriter(Agent):
         return [Tool("send_notice", "write", self._send, lookup=self._lookup)]
 
     def _send(self, call: Call) -> Result:
+        key = str(call.operation_key)
+        if key.endswith(f"-notice-{self.input.get('cut')}") and desk.fault_trip_once(
+            operation_key=f"{key}#cut"
+        ):
+            _cut_own_connection()  # the send below meets a database that went away
         desk.notice_send(
             order_number=None,
             recipient="ops@example.com",
@@ -73,6 +93,46 @@ class NoticeWriter(Agent):
         if isinstance(step, Call):
             committed = Notice.objects.filter(idempotency_key=step.operation_key).exists()
         return Evidence(sent, sent >= int(self.input.get("count", 1)), committed)
+
+
+class SharedNotice(Agent):
+    """Asks for one notice under the operation key ``key``, which other tasks may share,
+    until its own request for it came back ``SUCCESS`` (whoever ran it). ``hold_ms`` is
+    spent inside the tool *before* the notice is sent: the operation is ``IN_FLIGHT`` all
+    that time, and the desk has nothing yet."""
+
+    name = "test_shared_notice"
+    title = "Shared notice (tests)"
+
+    def tools(self) -> Sequence[Tool]:
+        return [Tool("send_notice", "write", self._send, lookup=self._lookup)]
+
+    def _send(self, call: Call) -> Result:
+        _sleep(self.input.get("hold_ms"))
+        desk.notice_send(
+            order_number=None,
+            recipient="ops@example.com",
+            text="shared notice",
+            idempotency_key=str(call.operation_key),
+        )
+        return Result(Kind.SUCCESS, {"sent": call.operation_key, "by": self.task_id})
+
+    def _lookup(self, key: str) -> Settlement:
+        return Settlement(committed=Notice.objects.filter(idempotency_key=key).exists())
+
+    def plan(self, observation: Any) -> Call | Finish:
+        if self.memory.get("done"):
+            return Finish("sent")
+        return Call("send_notice", {"text": "shared notice"}, "write", str(self.input["key"]))
+
+    def inspect(self, result: Result | None, step: Call | Finish) -> Evidence:
+        if isinstance(step, Call) and result is not None and result.kind == Kind.SUCCESS:
+            self.memory["done"] = True
+        done = bool(self.memory.get("done"))
+        committed = None
+        if isinstance(step, Call):
+            committed = Notice.objects.filter(idempotency_key=step.operation_key).exists()
+        return Evidence(int(done), done and isinstance(step, Finish), committed)
 
 
 class SlowReader(Agent):

@@ -264,6 +264,64 @@ def test_recovery_turns_an_in_flight_write_into_unknown_and_never_runs_it_again(
     assert StopReport.objects.get(task=task).report["operation_state"] == "UNKNOWN"
 
 
+def test_a_write_another_task_is_executing_is_waited_for_and_its_result_reused(
+    start: Start,
+) -> None:
+    key = "shared-incident-7-notice"
+    first = start("test_shared_notice", {"key": key, "hold_ms": 1500})
+    holder = threading.Thread(target=_drive_in_thread, args=(first.id,))
+    holder.start()
+    try:
+        _until(lambda: Operation.objects.filter(key=key, state=OperationState.IN_FLIGHT).exists())
+        second = start("test_shared_notice", {"key": key})
+
+        outcome = runner.drive(second.id)
+    finally:
+        holder.join(timeout=30)
+
+    second.refresh_from_db()
+    assert outcome == "COMPLETED/goal_met"
+    assert second.executions == 0  # it ran nothing itself
+    assert Notice.objects.filter(idempotency_key=key).count() == 1
+    assert Operation.objects.get(key=key).task_id == first.id
+    requests = list(
+        TraceEvent.objects.filter(task=second, kind="request")
+        .order_by("seq")
+        .values_list("decision", "result_kind")
+    )
+    # Told to wait while the first one ran (once or more), then handed its result.
+    assert requests[0] == ("reused", "PENDING")
+    assert requests[-1] == ("reused", "SUCCESS")
+    assert {kind for _, kind in requests[:-1]} == {"PENDING"}
+    assert TraceEvent.objects.filter(task=second, kind="wait").exists()
+
+
+def test_a_write_whose_database_went_away_before_it_happened_is_tried_again(
+    start: Start,
+) -> None:
+    task = start("test_notices", {"count": 1, "cut": 1})
+
+    outcome = runner.drive(task.id)
+
+    task.refresh_from_db()
+    key = f"task-{task.id}-notice-1"
+    assert outcome == "COMPLETED/goal_met"
+    assert Notice.objects.filter(idempotency_key=key).count() == 1
+    operation = Operation.objects.get(key=key)
+    assert (operation.state, operation.attempts) == (OperationState.COMMITTED, 2)
+    assert task.executions == 2  # the retry drew from the same budget
+    kinds = list(
+        TraceEvent.objects.filter(task=task, kind="request")
+        .order_by("seq")
+        .values_list("decision", "result_kind")
+    )
+    assert kinds == [("executed", "RETRYABLE"), ("executed", "SUCCESS")]
+    # The operation's history says it was verified not committed before it ran again.
+    moves = list(operation.history.order_by("id").values_list("from_state", "to_state"))
+    assert ("IN_FLIGHT", "NOT_COMMITTED") in moves
+    assert moves[-1] == ("IN_FLIGHT", "COMMITTED")
+
+
 def _drive_in_thread(task_id: int) -> None:
     try:
         runner.drive(task_id)
@@ -502,9 +560,7 @@ def test_after_a_slow_model_call_the_live_trace_shows_the_read_while_it_runs(
     seen: list[int] = []
 
     def read_and_look(self: SlowReader, call: Any) -> Any:
-        seen.append(
-            TraceEvent.objects.filter(task_id=self.task_id, kind="model_call").count()
-        )
+        seen.append(TraceEvent.objects.filter(task_id=self.task_id, kind="model_call").count())
         return real_read(self, call)
 
     monkeypatch.setattr(SlowReader, "_read", read_and_look)

@@ -25,7 +25,7 @@ from guard import (
     Result,
     State,
 )
-from guard.steps import RESUME_CONDITIONS, fingerprint
+from guard.steps import IN_FLIGHT_WAIT_MS, RESUME_CONDITIONS, fingerprint
 
 from .support import (
     Clock,
@@ -39,6 +39,7 @@ from .support import (
     base_limits,
     make_guard,
     notice,
+    roomy,
     scripted,
 )
 
@@ -427,7 +428,7 @@ def test_one_key_with_two_inputs_in_one_model_call_conflicts_before_either_runs(
     assert_stays_stopped(guard, script, report)
 
 
-def test_a_write_another_guard_is_executing_stops_as_in_flight_without_running() -> None:
+def test_a_write_another_guard_keeps_executing_stops_as_in_flight_once_its_polls_run_out() -> None:
     ledger = InMemoryLedger()
     write = notice()
     other = make_guard(Clock(), ledger=ledger)
@@ -436,7 +437,8 @@ def test_a_write_another_guard_is_executing_stops_as_in_flight_without_running()
     assert isinstance(tickets, list)
     assert other.before_tool(tickets[0]).action == "execute"  # the other task holds the key
 
-    guard = make_guard(Clock(), ledger=ledger)
+    clock = Clock()
+    guard = make_guard(clock, roomy(polls=3), ledger=ledger)
     notices = Notices()
     script = Script(Planner(write), Executor(notices.send), Inspector(notices.inspect))
 
@@ -445,6 +447,8 @@ def test_a_write_another_guard_is_executing_stops_as_in_flight_without_running()
     _stopped(report, State.NEEDS_HUMAN, Reason.OPERATION_IN_FLIGHT)
     assert script.execute.entries == 0
     assert notices.sent == {}
+    # It asked, then polled three times, waiting before each poll; the fourth poll is refused.
+    assert clock.waits == [IN_FLIGHT_WAIT_MS] * 4
     assert [(op.key, op.state) for op in report.operations] == [(KEY, OperationState.IN_FLIGHT)]
     operation = ledger.get(KEY)
     assert operation is not None and operation.state is OperationState.IN_FLIGHT

@@ -21,7 +21,7 @@ from guard import (
 )
 from guard._checks import Cancellation, Refusal
 from guard._settlement import SettlementStep, look_up
-from guard.steps import fingerprint
+from guard.steps import IN_FLIGHT_WAIT_MS, fingerprint
 
 from .support import (
     NOTICE_KEY,
@@ -40,9 +40,9 @@ from .support import (
 # -- lookup of lost writes ----------------------------------------------------------------
 
 
-def lost_write(records: Records) -> Script:
+def lost_write(records: Records, error: Exception | None = None) -> Script:
     def send_notice(call: Call) -> Result:
-        raise TimeoutError("no response from the notice service")
+        raise error or TimeoutError("no response from the notice service")
 
     return Script(
         Planner(notice(), Finish()), tools(send_notice=send_notice), Inspector(records.inspect)
@@ -85,10 +85,10 @@ def test_a_lost_write_settled_by_lookup_hands_its_result_to_the_model() -> None:
     assert script.plan.observations[1] == found
 
 
-def test_a_lost_write_settled_as_not_committed_by_lookup_fails_and_may_be_retried() -> None:
+def test_a_write_that_failed_for_good_and_did_not_happen_fails_and_may_be_retried() -> None:
     ledger = InMemoryLedger()
     guard = make_guard(Clock(), ledger=ledger)
-    script = lost_write(Records())
+    script = lost_write(Records(), ValueError("the notice service refused the template"))
 
     report = script.run(guard, lookup=lambda key: Settlement(committed=False, evidence="absent"))
 
@@ -185,14 +185,16 @@ def settlement(ledger: InMemoryLedger | None = None, *, stop: bool = False) -> S
 NOTICE_FP = fingerprint("send_notice", dict(notice().args))
 
 
-def test_a_claimed_write_executes_once_and_a_second_claim_is_refused_as_in_flight() -> None:
+def test_a_claimed_write_executes_once_and_a_second_claim_is_told_to_wait() -> None:
     step = settlement()
 
     assert step.claim(NOTICE_KEY, NOTICE_FP, room=True) is None
-    refused = step.claim(NOTICE_KEY, NOTICE_FP, room=True)
+    waiting = step.claim(NOTICE_KEY, NOTICE_FP, room=True)
 
-    assert isinstance(refused, Refusal)
-    assert (refused.state, refused.reason) == (State.NEEDS_HUMAN, Reason.OPERATION_IN_FLIGHT)
+    assert isinstance(waiting, Result)
+    assert (waiting.kind, waiting.wait_ms) == (Kind.PENDING, IN_FLIGHT_WAIT_MS)
+    assert waiting.data["operation_key"] == NOTICE_KEY
+    assert step.in_flight(NOTICE_KEY)
     assert step.checkpoint() == {"touched": [NOTICE_KEY]}
 
 
