@@ -4,7 +4,9 @@ A token acts as its user with that user's roles. Only the SHA-256 of its secret 
 (the secret is shown once, when it is issued); a revoked token keeps its row, so that who
 held which token stays on record. The HTTP side of a token (the ``Authorization`` header,
 the 401 answer) is :mod:`console.api_views`' business; the management commands
-``create_api_token`` and ``revoke_api_token`` call this module too.
+``create_api_token`` and ``revoke_api_token`` call this module too. A password change
+revokes every token of its user (:func:`api_token_revoke_all`, called from
+:mod:`console.project.security`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ __all__ = [
     "api_token_issue",
     "api_token_mark_used",
     "api_token_revoke",
+    "api_token_revoke_all",
 ]
 
 # Makes a leaked token recognisable to secret scanners and people; not a secret itself.
@@ -75,9 +78,7 @@ def api_token_issue(*, user: User, name: str) -> tuple[ApiToken, str]:
                 prefix=secret[:PREFIX_LENGTH],
             )
     except IntegrityError:
-        raise Refused(
-            f"{user.get_username()} already has a live token named {name!r}"
-        ) from None
+        raise Refused(f"{user.get_username()} already has a live token named {name!r}") from None
     return token, secret
 
 
@@ -135,3 +136,12 @@ def api_token_revoke(*, username: str, name: str, now: datetime | None = None) -
     names = sorted(live.values_list("name", flat=True))
     having = ", ".join(repr(n) for n in names) if names else "none"
     raise NotFound(f"{username} has no live token named {name!r} (live tokens: {having})")
+
+
+def api_token_revoke_all(*, user: User, now: datetime | None = None) -> int:
+    """Revoke every live token of ``user`` (their password changed); returns how many.
+
+    The rows stay, ``revoked_at`` set, like any revocation; the user issues new tokens.
+    """
+    live = ApiToken.objects.filter(user=user, revoked_at__isnull=True)
+    return live.update(revoked_at=now or timezone.now())

@@ -6,6 +6,7 @@ Defaults suit a first run on a developer machine (DEBUG on, local PostgreSQL and
 """
 
 import os
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -13,17 +14,28 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
+from console.agents import agents_from_environment
 from console.logs import logging_config
+from console.project.environment import check_environment
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
+# Every variable the helpers below look at, so that the end of this module can tell a
+# variable we read from a look-alike we would silently ignore (console/project/environment.py).
+_READ: set[str] = set()
+
+
+def _environ(name: str) -> str | None:
+    _READ.add(name)
+    return os.environ.get(name)
+
 
 def env_bool(name: str, default: bool) -> bool:
     """Read a yes/no variable (1/0, true/false, yes/no, on/off)."""
-    raw = os.environ.get(name)
+    raw = _environ(name)
     if raw is None or raw.strip() == "":
         return default
     value = raw.strip().lower()
@@ -36,7 +48,7 @@ def env_bool(name: str, default: bool) -> bool:
 
 def env_str(name: str, default: str | None = None) -> str:
     """Read a non-empty string; without a default the variable is required."""
-    value = os.environ.get(name, "").strip() or default
+    value = (_environ(name) or "").strip() or default
     if value is None:
         raise ImproperlyConfigured(f"{name} must be set")
     return value
@@ -44,7 +56,7 @@ def env_str(name: str, default: str | None = None) -> str:
 
 def env_list(name: str, default: list[str]) -> list[str]:
     """Read a comma-separated list, ignoring blanks around items."""
-    raw = os.environ.get(name)
+    raw = _environ(name)
     if raw is None or raw.strip() == "":
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
@@ -52,7 +64,7 @@ def env_list(name: str, default: list[str]) -> list[str]:
 
 def env_int(name: str, default: int) -> int:
     """Read a whole number."""
-    raw = os.environ.get(name, "").strip()
+    raw = (_environ(name) or "").strip()
     if not raw:
         return default
     try:
@@ -63,7 +75,7 @@ def env_int(name: str, default: int) -> int:
 
 def env_float(name: str, default: float) -> float:
     """Read a positive number (seconds, say)."""
-    raw = os.environ.get(name, "").strip()
+    raw = (_environ(name) or "").strip()
     if not raw:
         return default
     try:
@@ -151,6 +163,7 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",  # runserver serves static files the way production does
     "django.contrib.staticfiles",
     "django_htmx",
+    "axes",  # sign-in throttling: its attempts and access logs are tables in our database
     "console",
     "console.demo",
 ]
@@ -168,10 +181,73 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # After WhiteNoise (which answers static files itself, with their long cache lifetime):
+    # every page, export and API answer is private to the person who asked for it.
+    "console.project.security.NoStoreMiddleware",
+    # Last, as django-axes asks: it turns a throttled sign-in into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
-# Everything, htmx included, is served from our own origin: no CDN, no inline scripts.
-SECURE_CSP = {"default-src": [CSP.SELF]}
+# Everything, htmx included, is served from our own origin: no CDN, no inline scripts. No
+# other site may frame the console (clickjacking), forms post only to it, and an injected
+# <base> cannot redirect relative URLs.
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+    "form-action": [CSP.SELF],
+    "base-uri": [CSP.NONE],
+}
+
+# -- Signing in (see docs/deployment.md, "Signing in") ---------------------------------------
+# django-axes counts failed sign-ins in the database (PostgreSQL, or SQLite in standalone
+# mode: no Redis needed) and refuses sign-ins for an account, and from an address, that
+# failed too often within the cool-off. Its backend goes first so that a throttled sign-in
+# is refused before the password is even checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+LOOPGUARD_LOGIN_FAILURE_LIMIT = env_int("LOOPGUARD_LOGIN_FAILURE_LIMIT", 5)
+LOOPGUARD_LOGIN_COOLOFF_MINUTES = env_float("LOOPGUARD_LOGIN_COOLOFF_MINUTES", 15.0)
+# How many reverse proxies in front of the console append the client's address to
+# X-Forwarded-For. 0: the connecting address (REMOTE_ADDR) is the client, and the header,
+# which any client can write, is ignored.
+LOOPGUARD_TRUSTED_PROXIES = env_int("LOOPGUARD_TRUSTED_PROXIES", 0)
+if LOOPGUARD_LOGIN_FAILURE_LIMIT < 1 or LOOPGUARD_TRUSTED_PROXIES < 0:
+    raise ImproperlyConfigured(
+        "LOOPGUARD_LOGIN_FAILURE_LIMIT must be at least 1 and LOOPGUARD_TRUSTED_PROXIES at least 0"
+    )
+AXES_FAILURE_LIMIT = LOOPGUARD_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=LOOPGUARD_LOGIN_COOLOFF_MINUTES)
+# Per account (guessing one person's password from many addresses) and per address (trying
+# many accounts from one); either one reaching the limit refuses the sign-in.
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+# A refused attempt does not restart the cool-off, so "try again in N minutes" holds.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+# axes' own reset on success would also forgive the address's failures against other
+# accounts (an attacker signing in to their own account between guesses); our handler
+# forgives only the account that signed in.
+AXES_RESET_ON_SUCCESS = False
+AXES_HANDLER = "console.project.security.LoginThrottle"
+AXES_CLIENT_IP_CALLABLE = "console.project.security.client_address"
+AXES_USERNAME_CALLABLE = "console.project.security.attempted_username"
+AXES_CLIENT_STR_CALLABLE = "console.project.security.client_description"
+AXES_LOCKOUT_CALLABLE = "console.project.security.lockout_response"
+# Every failure is kept (up to 1000 per account) beside the counters, which expire.
+AXES_ENABLE_ACCESS_FAILURE_LOG = True
+
+# -- Sessions --------------------------------------------------------------------------------
+# One shift: a session ends this long after signing in (using the console does not extend
+# it), and, unless turned off, when the browser closes.
+LOOPGUARD_SESSION_HOURS = env_float("LOOPGUARD_SESSION_HOURS", 8.0)
+SESSION_COOKIE_AGE = max(60, round(LOOPGUARD_SESSION_HOURS * 3600))
+SESSION_EXPIRE_AT_BROWSER_CLOSE = env_bool("LOOPGUARD_SESSION_ENDS_WITH_BROWSER", True)
+
+# Not a strength rule: Django tells each validator when a password was changed (set_password
+# then save; not a hash upgrade at sign-in), which is when a user's API tokens are revoked.
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "console.project.security.RevokeApiTokensOnPasswordChange"},
+]
 
 ROOT_URLCONF = "console.project.urls"
 LOGIN_URL = "login"
@@ -225,19 +301,25 @@ USE_TZ = True
 _SECURE_COOKIES = env_bool("DJANGO_SECURE_COOKIES", not DEBUG)
 SESSION_COOKIE_SECURE = _SECURE_COOKIES
 CSRF_COOKIE_SECURE = _SECURE_COOKIES
+# Each switch is read even with DEBUG on (where it is ignored), so that a malformed value or a
+# misspelt name is caught on a developer's machine too, before production.
 # Trust X-Forwarded-Proto only behind a proxy that sets it (and drops the client's own):
 # otherwise any client could claim to be on https.
-if not DEBUG and env_bool("DJANGO_SECURE_PROXY_SSL_HEADER", False):
+if env_bool("DJANGO_SECURE_PROXY_SSL_HEADER", False) and not DEBUG:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-SECURE_SSL_REDIRECT = not DEBUG and env_bool("DJANGO_SECURE_SSL_REDIRECT", False)
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", False) and not DEBUG
 # Health checks and Prometheus call from inside the network over plain http.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
-SECURE_HSTS_SECONDS = 0 if DEBUG else env_int("DJANGO_SECURE_HSTS_SECONDS", 0)
+_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_SECONDS = 0 if DEBUG else _HSTS_SECONDS
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
 SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
 
 # One line per event, with time, process and task id (console/logs.py; gunicorn uses it too).
 LOGGING = logging_config(env_str("DJANGO_LOG_LEVEL", "INFO"))
+# django-axes narrates every sign-in at INFO; its warnings (a failure, a lockout) are the
+# lines worth keeping.
+LOGGING["loggers"]["axes"] = {"level": "WARNING"}
 
 # -- LoopGuard ------------------------------------------------------------------------------
 
@@ -273,6 +355,9 @@ if LOOPGUARD_MODEL_TIMEOUT_SECONDS <= 0 or LOOPGUARD_MODEL_RETRIES < 0:
     )
 if LOOPGUARD_MODEL_URL:
     LOOPGUARD_AGENTS["support_desk_model"] = "console.demo.support_desk.SupportDeskModel"
+# More agents without a settings module of one's own: "name=package.module.Class, ...",
+# merged over the ones above (the spelling is checked here, the import when one is used).
+LOOPGUARD_AGENTS.update(agents_from_environment(env_str("LOOPGUARD_EXTRA_AGENTS", "")))
 
 # Budgets every task starts from; an agent's defaults and the starter's values override them.
 LOOPGUARD_DEFAULT_LIMITS = {
@@ -356,3 +441,9 @@ CELERY_BEAT_SCHEDULE = {
 # persistent scheduler keeps a shelve file; on Python 3.13 that is SQLite, which we have seen
 # fail with "locking protocol" at start, and a beat that does not start recovers nothing.)
 CELERY_BEAT_SCHEDULER = "celery.beat:Scheduler"
+
+# -- Names that look like ours but are not read -----------------------------------------------
+# Last, once every helper above has run: DEBUG=0 or LOOPGUARD_DEBUG=false would otherwise be
+# silently ignored, leaving debug mode on while the operator believes it off.
+LOOPGUARD_IGNORE_VARIABLES = env_list("LOOPGUARD_IGNORE_VARIABLES", [])
+check_environment(os.environ, read=_READ, debug=DEBUG, ignore=set(LOOPGUARD_IGNORE_VARIABLES))
