@@ -3,8 +3,9 @@
 It decides where to run, prepares the database, seeds the demo, starts the web server
 (gunicorn), a Celery worker and the beat scheduler as separate process groups, prints the
 URL and the demo people's passwords once the console answers, and then watches: Ctrl-C
-or SIGTERM stops everything it started; a child that dies on its own stops the rest, and
-``up`` exits non-zero saying which one.
+or SIGTERM stops everything it started. A worker or beat that dies on its own is started
+again, a few times at most (:class:`Restarts`); the web server dying, or a worker or beat
+dying once too often, stops the rest, and ``up`` exits non-zero saying which one.
 
 Where it runs: with PostgreSQL and Redis reachable (``DATABASE_URL``, ``REDIS_URL`` /
 ``CELERY_BROKER_URL``) it uses them, creating the database if it does not exist. When
@@ -45,8 +46,12 @@ PROBE_TIMEOUT_S = 2
 READY_TIMEOUT_S = 90.0
 POLL_S = 0.2
 QUIT_GRACE_S = 3.0
+# A worker or beat that dies on its own is started again, at most this often.
+RESTARTS = 5
+RESTART_WINDOW_S = 600.0
 
-# Exit statuses: 0 stopped on request, 1 a child died on its own, 2 could not start.
+# Exit statuses: 0 stopped on request, 1 a child died on its own and was not (or no longer)
+# started again, 2 could not start.
 EXIT_FAILED = 1
 EXIT_NOT_STARTED = 2
 
@@ -387,6 +392,8 @@ class Child:
     argv: list[str]
     orphaned: int = signal.SIGTERM
     """What it gets if ``up`` is killed without a chance to stop it (Linux only)."""
+    restartable: bool = False
+    """Whether ``up`` starts it again when it dies on its own (see :class:`Restarts`)."""
     popen: subprocess.Popen[bytes] | None = None
 
     def start(self, env: dict[str, str]) -> None:
@@ -449,6 +456,10 @@ def children(options: Options, config: ModuleType) -> list[Child]:
             ],
             # Cold shutdown: a warm one would wait for the longest task with nobody to stop it.
             orphaned=signal.SIGQUIT,
+            # Celery exits the whole worker when a pool process dies while it starts
+            # (WorkerLostError: Could not start worker processes). Tasks are safe across a
+            # new worker (leases, the ledger), so one is started in its place.
+            restartable=True,
         ),
         Child(
             "beat",
@@ -456,7 +467,14 @@ def children(options: Options, config: ModuleType) -> list[Child]:
                 python, "-m", "celery", "-A", "console", "--quiet", "beat",
                 "--loglevel", "INFO",
             ],
+            # Without beat no sweep recovers the tasks of a lost worker; a second beat is
+            # never running at once (the old one is gone), so starting it again is safe.
+            restartable=True,
         ),
+        # The web server is not started again: gunicorn's master already replaces its own
+        # workers, so the master dying means something a new one would meet too (the port
+        # taken, the configuration broken), and the address `up` printed would stop
+        # answering without anyone noticing in the log.
     ]  # fmt: skip
 
 
@@ -469,14 +487,55 @@ def child_environment() -> dict[str, str]:
     return env
 
 
-class Supervisor:
-    """Starts the children, watches them, and stops them all on a signal or a death."""
+class Restarts:
+    """How often a child may be started again: at most ``limit`` times in ``window`` seconds.
 
-    def __init__(self, processes: list[Child], grace: float) -> None:
+    A child that keeps dying (a broken configuration, a database that refuses it) would
+    otherwise be restarted forever while the console looks alive; past the bound ``up``
+    gives up and stops, saying why.
+    """
+
+    def __init__(self, limit: int = RESTARTS, window: float = RESTART_WINDOW_S) -> None:
+        self.limit = limit
+        self.window = window
+        self._at: dict[str, list[float]] = {}
+
+    def allow(self, name: str, now: float) -> int | None:
+        """Count a restart of ``name`` at ``now``: its number in the window, or None if the
+        bound is reached (and nothing is counted)."""
+        recent = [at for at in self._at.get(name, []) if now - at < self.window]
+        if len(recent) >= self.limit:
+            self._at[name] = recent
+            return None
+        recent.append(now)
+        self._at[name] = recent
+        return len(recent)
+
+    def describe(self) -> str:
+        """The bound in words, for ``up``'s lines."""
+        return f"{self.limit} in {_duration(self.window)}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 60 and seconds % 60 == 0:
+        minutes = int(seconds // 60)
+        return f"{minutes} minute{'s' if minutes != 1 else ''}"
+    return f"{seconds:g} s"
+
+
+class Supervisor:
+    """Starts the children, watches them, starts a worker or beat again when it dies (a few
+    times at most), and stops them all on a signal or a death it cannot mend."""
+
+    def __init__(
+        self, processes: list[Child], grace: float, restarts: Restarts | None = None
+    ) -> None:
         self.processes = processes
         self.grace = grace
+        self.restarts = restarts or Restarts()
         self.stop_signal: int | None = None
         self.hurry = False
+        self.env: dict[str, str] = {}
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.stop_signal is not None:
@@ -486,12 +545,45 @@ class Supervisor:
     def start(self, env: dict[str, str]) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, self.on_signal)
+        self.env = env
         for child in self.processes:
             child.start(env)
 
     def dead(self) -> Child | None:
         """A child that exited although nobody asked it to."""
         return next((c for c in self.processes if c.exited() is not None), None)
+
+    def mend(self) -> Child | None:
+        """Start again each restartable child that died, within the bound; return a child
+        that died and may not be started again (having said so), or None."""
+        for child in self.processes:
+            status = child.exited()
+            if status is None or self.stop_signal is not None:
+                continue
+            count = self.restarts.allow(child.name, time.monotonic()) if child.restartable else None
+            if count is None:
+                given_up = (
+                    f", after {self.restarts.limit} restarts within "
+                    f"{_duration(self.restarts.window)}: giving up"
+                    if child.restartable
+                    else ""
+                )
+                say(
+                    f"the {child.name} process (pid {child.pid}) exited unexpectedly with "
+                    f"status {status}{given_up}; stopping the others"
+                )
+                return child
+            old = child.pid
+            # What is left of its group (a pool process whose parent is gone) must not go
+            # on beside the new one.
+            child.kill_group()
+            child.start(self.env)
+            say(
+                f"the {child.name} process (pid {old}) exited unexpectedly with status "
+                f"{status}; started it again as pid {child.pid} (restart {count}, at most "
+                f"{self.restarts.describe()})"
+            )
+        return None
 
     def stop(self) -> None:
         """SIGTERM each group leader (beat first, web, then the worker, which may be mid-step);
@@ -616,12 +708,7 @@ def run(options: Options) -> int:
         banner(url, demo)
     stops_pending = demo is not None and demo.stops_pending
     while supervisor.stop_signal is None:
-        dead = supervisor.dead()
-        if dead is not None:
-            say(
-                f"the {dead.name} process (pid {dead.pid}) exited unexpectedly with status "
-                f"{dead.exited()}; stopping the others"
-            )
+        if supervisor.mend() is not None:
             supervisor.stop()
             say("stopped: LoopGuard is not running")
             return EXIT_FAILED

@@ -151,9 +151,11 @@ def test_standalone_mode_runs_finishes_and_stops_tasks_on_sqlite_and_folders(
         up.kill_everything(started)
 
 
-def test_when_a_process_it_started_dies_up_stops_the_others_and_says_which(
+def test_when_the_web_server_dies_up_stops_the_others_and_says_so(
     data_dir: Path, tmp_path: Path
 ) -> None:
+    # A worker or beat that dies is started again (tests/test_launcher_restart.py); the web
+    # server is not: the console would be gone from the address it printed.
     env = clean_environment(LOOPGUARD_STANDALONE="1", LOOPGUARD_DATA_DIR=str(data_dir), **NOWHERE)
     up = Up(ROOT, env, free_port(), tmp_path / "up.log")
     started: list[Proc] = []
@@ -162,13 +164,13 @@ def test_when_a_process_it_started_dies_up_stops_the_others_and_says_which(
         up.ready()
         started = up.tree()
         assert up.process is not None
-        beat = next(p for p in started if p.ppid == up.process.pid and " beat " in p.command)
+        web = next(p for p in started if p.ppid == up.process.pid and " gunicorn " in p.command)
 
-        os.kill(beat.pid, signal.SIGKILL)
+        os.kill(web.pid, signal.SIGKILL)
 
         assert up.process.wait(timeout=30) == 1
         up.wait_for_line(
-            re.compile(rf"the beat process \(pid {beat.pid}\) exited unexpectedly"), timeout=5
+            re.compile(rf"the web process \(pid {web.pid}\) exited unexpectedly"), timeout=5
         )
         assert survivors(started) == []
     finally:
