@@ -17,7 +17,6 @@ wrong method, 409 stale or refused action, 413 body over 1 MiB.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from . import openapi, selectors, services
 from . import serializers as s
+from .inputs import InputRefused, key_problem, load_json
 from .models import ApiToken
 from .roles import Capability, can
 from .serializers import ErrorCode
@@ -215,14 +215,10 @@ def _body(request: HttpRequest) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        value = json.loads(raw, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as exc:
-        raise ApiError(
-            ErrorCode.INVALID_BODY,
-            f"the body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
-        ) from None
-    except (ValueError, RecursionError) as exc:
-        raise ApiError(ErrorCode.INVALID_BODY, f"the body is not valid JSON: {exc}") from None
+        # Its nesting is bounded before anything walks it (see console.inputs).
+        value = load_json(raw, what="the body")
+    except InputRefused as exc:
+        raise ApiError(ErrorCode.INVALID_BODY, str(exc)) from None
     if not isinstance(value, dict):
         raise ApiError(
             ErrorCode.INVALID_BODY, "the body must be a JSON object, like {\"reason\": \"...\"}"
@@ -230,8 +226,13 @@ def _body(request: HttpRequest) -> dict[str, Any]:
     return value
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
+def _operation_key(key: str) -> str:
+    """``key`` from the path, or a 400 when no operation could have it (a well-formed key
+    that names nothing is the service's 404)."""
+    problem = key_problem(key)
+    if problem is not None:
+        raise ApiError(ErrorCode.INVALID_INPUT, problem)
+    return key
 
 
 def _query_int(request: HttpRequest, name: str) -> int | None:
@@ -319,6 +320,7 @@ def _operation_list(call: ApiCall) -> HttpResponse:
 
 
 def _operation_resolve(call: ApiCall, key: str) -> HttpResponse:
+    key = _operation_key(key)
     fields = s.RESOLVE_OPERATION.read(call.body)
     if fields["committed"]:
         op = services.operation_mark_committed(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import fields
 from typing import Any
 
@@ -12,6 +11,7 @@ from guard import Limits
 from guard.steps import DIMENSIONS
 
 from .agents import agent_names
+from .inputs import InputRefused, check_kept, load_json, unstorable
 
 REASON_HELP = "Say why: it goes to the audit log with your name."
 
@@ -44,13 +44,9 @@ class ResolveForm(forms.Form):
         raw = self.cleaned_data["result"].strip()
         if not raw:
             return None
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"not valid JSON: {exc.msg} (line {exc.lineno})") from exc
-        if "\\u0000" in json.dumps(value):
-            raise forms.ValidationError("a NUL character (\\u0000) cannot be stored")
-        return value
+        # What is stored is what the agent is handed as the write's result: nothing the
+        # database or the redaction would change may pass (NaN, a NUL, a deep cut).
+        return _json_field(raw, kept=True)
 
 
 class ResumeForm(forms.Form):
@@ -101,18 +97,32 @@ class StartForm(forms.Form):
         assert isinstance(agent, forms.ChoiceField)  # noqa: S101 - narrows the type
         agent.choices = [(name, name) for name in agent_names()]
 
-    def _json_object(self, name: str) -> dict[str, Any]:
+    def _json_object(self, name: str, *, kept: bool = False) -> dict[str, Any]:
         raw = (self.cleaned_data.get(name) or "").strip() or "{}"
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+        value = _json_field(raw, kept=kept)
         if not isinstance(value, dict):
             raise forms.ValidationError("must be a JSON object, like {}")
         return value
 
     def clean_input(self) -> dict[str, Any]:
-        return self._json_object("input")
+        # The agent is handed the input as stored, so it must survive storage unchanged.
+        return self._json_object("input", kept=True)
 
     def clean_limits(self) -> dict[str, Any]:
         return self._json_object("limits")
+
+
+def _json_field(raw: str, *, kept: bool) -> Any:
+    """A form field's JSON text as a value, or a field error a person can act on: not JSON,
+    too deep (:data:`console.inputs.MAX_DEPTH`, or with ``kept``
+    :data:`console.inputs.KEPT_DEPTH`), or holding text that cannot be stored."""
+    try:
+        value = load_json(raw)
+        if kept:
+            check_kept(value, what="")
+    except InputRefused as exc:
+        raise forms.ValidationError(exc.problem) from None
+    problem = unstorable(value, what="")
+    if problem is not None:
+        raise forms.ValidationError(problem)
+    return value

@@ -9,7 +9,6 @@ masked wherever they appear. Previews are bounded so a huge payload cannot bloat
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Iterable
 from functools import lru_cache
@@ -23,7 +22,6 @@ MAX_DEPTH = 20
 """How deep :func:`redact` walks; below it a value is cut (``…``)."""
 _MAX_DEPTH = MAX_DEPTH
 # A surrogate code point alone: JSON can carry one ("\ud800"), UTF-8 cannot encode it.
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # Compared with the key lower-cased and without separators: "X-Api-Key" -> "xapikey".
 _SECRET_NAMES = frozenset({"auth", "pass", "pwd", "session", "sessionid", "cookie", "otp", "pin"})
@@ -170,54 +168,6 @@ def _field_pair(extra: frozenset[str]) -> re.Pattern[str]:
     return re.compile(
         r"(?i)(?<![A-Za-z0-9])((?:" + names + ")" + _PAIR_SEPARATOR + ")" + _PAIR_VALUE
     )
-
-
-def unstorable(value: Any) -> str | None:
-    """Why ``value`` cannot be stored as it is, or ``None`` when it can.
-
-    Stored means kept exactly, redaction apart: strict JSON (no NaN or Infinity, text keys),
-    no NUL character (PostgreSQL text cannot hold it), no lone surrogate (it is not text and
-    cannot be encoded), and no deeper than :data:`MAX_DEPTH` levels, below which redaction
-    would cut it. Walked without recursion, so a value of any depth gets an answer.
-    """
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            return f"it is nested deeper than {MAX_DEPTH} levels"
-        if isinstance(item, str):
-            problem = text_problem(item)
-            if problem is not None:
-                return f"it contains {problem}"
-        elif item is None or isinstance(item, bool | int):
-            continue
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                return f"{item} is not a JSON number"
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                if not isinstance(key, str):
-                    return f"the key {key!r} is not text"
-                problem = text_problem(key)
-                if problem is not None:
-                    return f"the key {key!r} contains {problem}"
-                stack.append((child, depth + 1))
-        elif isinstance(item, list | tuple):
-            stack.extend((child, depth + 1) for child in item)
-        else:
-            return f"a {type(item).__name__} is not JSON"
-    return None
-
-
-def text_problem(text: str) -> str | None:
-    """What in ``text`` cannot be stored ("a NUL character (\\u0000)", "a lone surrogate
-    …"), or ``None`` when nothing."""
-    if "\x00" in text:
-        return "a NUL character (\\u0000)"
-    surrogate = _SURROGATE.search(text)
-    if surrogate is not None:
-        return f"a lone surrogate (\\u{ord(surrogate.group()):04x}), which is not text"
-    return None
 
 
 def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:

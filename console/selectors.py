@@ -11,7 +11,7 @@ import logging
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Self
 
 from django.conf import settings
@@ -239,8 +239,19 @@ def _parse_time(raw: str, name: str, errors: dict[str, str]) -> datetime | None:
     except ValueError:
         errors[name] = f"{raw!r} is not a date and time (YYYY-MM-DDTHH:MM)"
         return None
-    if timezone.is_naive(value):
-        value = timezone.make_aware(value, timezone.get_current_timezone())
+    try:
+        if timezone.is_naive(value):
+            value = timezone.make_aware(value, timezone.get_current_timezone())
+        # The filter is compared in UTC and shown back in the console's time zone: a time
+        # at the very edge of the calendar (9999-12-31T23:59-14:00) has no date in one of
+        # them, and would fail there rather than here.
+        value.astimezone(UTC)
+        value.astimezone(timezone.get_current_timezone())
+    except OverflowError:
+        errors[name] = (
+            f"{raw!r} is out of range (pick a time between the years 1 and 9999 in every time zone)"
+        )
+        return None
     return value
 
 
@@ -445,6 +456,8 @@ class QueueRow:
     """How long it has been uncertain."""
     found: Mapping[str, Any] | None
     """What a lookup just found out about it, if one was run."""
+    typed: Mapping[str, str] | None = None
+    """What a reconciler just typed into its form, by field, when it was refused."""
 
 
 @dataclass
@@ -455,11 +468,16 @@ class Reconciliation:
     total: int
 
 
-def reconciliation(found: Mapping[int, Mapping[str, Any]] | None = None) -> Reconciliation:
-    """The reconciliation page; ``found`` puts lookups' answers beside their operations (by id)."""
+def reconciliation(
+    found: Mapping[int, Mapping[str, Any]] | None = None,
+    *,
+    typed: Mapping[int, Mapping[str, str]] | None = None,
+) -> Reconciliation:
+    """The reconciliation page; ``found`` puts lookups' answers beside their operations (by
+    id), ``typed`` what was typed into a refused form."""
     now = timezone.now()
     rows = [
-        QueueRow(op, now - op.updated_at, (found or {}).get(op.id))
+        QueueRow(op, now - op.updated_at, (found or {}).get(op.id), (typed or {}).get(op.id))
         for op in reconciliation_queue()
     ]
     return Reconciliation(rows, reconciliation_count())

@@ -24,6 +24,14 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 
 from . import selectors
+from .inputs import (
+    KEPT_DEPTH,
+    MAX_DEPTH,
+    InputRefused,
+    check_kept,
+    text_problem,
+    unstorable,
+)
 from .models import (
     STOP_REASONS,
     Decision,
@@ -168,17 +176,23 @@ def text_input(name: str, description: str, *, required: bool = False) -> Field:
             return ""
         if not isinstance(value, str):
             raise InvalidInput(f"{name} must be a string")
+        problem = text_problem(value)
+        if problem is not None:
+            raise InvalidInput(f"{name} {problem}")
         return value
 
     return Field(name, nullable(STRING), description, read, required)
 
 
-def object_input(name: str, description: str) -> Field:
-    """A JSON object; absent or null reads as None."""
+def object_input(name: str, description: str, *, kept: bool = False) -> Field:
+    """A JSON object; absent or null reads as None. ``kept``: it is stored and handed to an
+    agent, so it must nest no deeper than the redaction keeps whole
+    (:data:`console.inputs.KEPT_DEPTH`)."""
 
     def read(value: Any) -> dict[str, Any] | None:
         if value is not None and not isinstance(value, dict):
             raise InvalidInput(f"{name} must be a JSON object")
+        _storable(name, value, kept=kept)
         return value
 
     return Field(name, nullable(OBJECT), description, read, required=False)
@@ -195,9 +209,27 @@ def flag_input(name: str, description: str, *, means: tuple[str, str]) -> Field:
     return Field(name, BOOLEAN, description, read)
 
 
-def any_input(name: str, description: str) -> Field:
-    """Any JSON value, taken as it is."""
-    return Field(name, {}, description, lambda value: value, required=False)
+def any_input(name: str, description: str, *, kept: bool = False) -> Field:
+    """Any JSON value, taken as it is (``kept``: as for :func:`object_input`)."""
+
+    def read(value: Any) -> Any:
+        _storable(name, value, kept=kept)
+        return value
+
+    return Field(name, {}, description, read, required=False)
+
+
+def _storable(name: str, value: Any, *, kept: bool) -> None:
+    """Refuse what the database cannot hold, and with ``kept`` what the redaction would cut,
+    before a service stores something other than what was sent."""
+    try:
+        if kept:
+            check_kept(value, what=name)
+    except InputRefused as exc:
+        raise InvalidInput(str(exc)) from None
+    problem = unstorable(value, what=name)
+    if problem is not None:
+        raise InvalidInput(problem)
 
 
 @dataclass(frozen=True)
@@ -270,10 +302,13 @@ class ErrorCode(StrEnum):
 
 _ERRORS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.INVALID_BODY: (
-        400, "the body is not a JSON object (or Content-Length is not a number)",
+        400, f"the body is not a JSON object: not JSON, nested more than {MAX_DEPTH} levels deep, "
+        "holding NaN or Infinity (or Content-Length is not a number)",
     ),
     ErrorCode.INVALID_INPUT: (
-        400, "a field is unknown, missing, of the wrong type, or refused by the console",
+        400, "a field is unknown, missing, of the wrong type, holds text that cannot be "
+        "stored (a NUL character, a lone surrogate), or is refused by the console; or the "
+        "operation key in the path is malformed",
     ),
     ErrorCode.INVALID_QUERY: (
         400, "a query parameter is malformed (`fields` names each bad filter)",
@@ -472,7 +507,10 @@ OPERATION_ANSWER = Shape("OperationAnswer", "An operation, as an action left it.
 
 START_TASK = Body("StartTask", "A task to start.", (
     text_input("agent", "the agent to run (one the console offers)", required=True),
-    object_input("input", "the agent's input, checked by the agent"),
+    object_input(
+        "input", f"the agent's input, checked by the agent; at most {KEPT_DEPTH} levels deep",
+        kept=True,
+    ),
     object_input("limits", "budgets to use instead of the defaults (guard.Limits' fields)"),
     text_input("reason", "why; the audit entry names the token when this is empty"),
 ))
@@ -495,5 +533,9 @@ RESOLVE_OPERATION = Body("ResolveOperation", "What the business system shows.", 
         means=("it happened", "it did not"),
     ),
     text_input("evidence", "what was checked, for the audit log (required)", required=True),
-    any_input("result", "with committed: true, the result the tool would have returned"),
+    any_input(
+        "result", "with committed: true, the result the tool would have returned; at most "
+        f"{KEPT_DEPTH} levels deep",
+        kept=True,
+    ),
 ))

@@ -27,6 +27,7 @@ from guard.steps import canonical_json as guard_canonical_json
 
 from . import lifecycle
 from .agents import UnknownAgent, agent_class
+from .inputs import KEPT_DEPTH, key_problem, text_problem, unstorable
 from .models import (
     AuditAction,
     AuditEntry,
@@ -36,7 +37,7 @@ from .models import (
     Task,
     TaskState,
 )
-from .redaction import redact, redact_text, text_problem, unstorable
+from .redaction import redact, redact_text
 
 logger = logging.getLogger(__name__)
 
@@ -129,9 +130,9 @@ def task_start(
         raise InvalidInput(str(exc)) from exc
     # Before anything walks the input recursively (the encoder, the fingerprint, redaction):
     # this check is iterative, so any depth gets an answer instead of a RecursionError.
-    problem = unstorable(input)
+    problem = unstorable(input, what="input", max_depth=KEPT_DEPTH)
     if problem is not None:
-        raise InvalidInput(f"the input is not JSON that can be stored: {problem}")
+        raise InvalidInput(f"the input cannot be stored: {problem}")
     try:
         encoded = json.dumps(input, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -245,10 +246,10 @@ def _settle(key: str, actor: User, evidence: str, *, committed: bool, result: An
     if committed:
         # What is stored is what the agent is handed when it asks again: refuse what could
         # only be stored altered (cut below the depth redaction walks) or not at all.
-        problem = unstorable(result)
+        problem = unstorable(result, what="result", max_depth=KEPT_DEPTH)
         if problem is not None:
             raise InvalidInput(f"the result cannot be stored: {problem}")
-    if text_problem(key) is not None:
+    if key_problem(key) is not None:
         raise NotFound(f"there is no operation {key!r}")  # no stored key holds such text
     with transaction.atomic():
         op = Operation.objects.select_for_update().filter(key=key).first()
@@ -362,7 +363,7 @@ def operation_look_up(*, key: str, actor: User) -> tuple[Operation, dict[str, An
     """
     if not actor.is_authenticated:
         raise Refused("a signed-in person is required")
-    if text_problem(key) is not None:
+    if key_problem(key) is not None:
         raise NotFound(f"there is no operation {key}")  # no stored key holds such text
     op = Operation.objects.filter(key=key).select_related("task").first()
     if op is None:
@@ -448,7 +449,7 @@ def _optional(text: str, *, what: str = "the reason") -> str:
         return ""
     problem = text_problem(text)
     if problem is not None:
-        raise InvalidInput(f"{what} cannot be stored: it contains {problem}")
+        raise InvalidInput(f"{what} cannot be stored: it {problem}")
     # Masked before it is cut, so a cut cannot leave a secret's tail unrecognised.
     return redact_text(text.strip())[:MAX_TEXT_CHARS].strip()
 

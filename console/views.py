@@ -17,7 +17,7 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.models import User
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.core.paginator import Page
 from django.http import (
     Http404,
@@ -37,6 +37,7 @@ from django_htmx.http import HttpResponseClientRefresh, HttpResponseStopPolling
 
 from . import health, selectors, services
 from .forms import ResolveForm, ResumeForm, StartForm, StopForm
+from .inputs import key_problem
 from .models import STOP_REASONS, AuditAction, TaskState
 from .roles import Capability, can, capabilities_of
 
@@ -113,8 +114,11 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 def task_list(request: HttpRequest) -> HttpResponse:
     filters = selectors.TaskFilters.from_query(request.GET)
     page = selectors.task_page(filters, request.GET.get("page"))
-    choices = {"states": TaskState.values, "reasons": STOP_REASONS,
-               "agents": selectors.agent_choices()}
+    choices = {
+        "states": TaskState.values,
+        "reasons": STOP_REASONS,
+        "agents": selectors.agent_choices(),
+    }
     return _list(request, "console/tasks.html", filters, page, choices)
 
 
@@ -237,14 +241,22 @@ def operations(request: HttpRequest) -> HttpResponse:
 @require_POST
 @requires(Capability.RECONCILE)
 def operation_resolve(request: HttpRequest, key: str) -> HttpResponse:
-    _found(selectors.operation(key), f"there is no operation {key}")
+    op = _found(selectors.operation(_operation_key(key)), f"there is no operation {key}")
     form = ResolveForm(request.POST, prefix=request.POST.get("prefix") or None)
     back = request.POST.get("next") or ""
     if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
         back = reverse("operations")
+
+    def refused(why: str) -> HttpResponse:
+        messages.error(request, f"{key} was not changed: {why}")
+        # The queue again rather than a redirect, with what was typed beside its operation,
+        # so that a reconciler mends the evidence or the result instead of typing it again.
+        typed = {op.id: {name: form[name].value() or "" for name in form.fields}}
+        queue = selectors.reconciliation(typed=typed)
+        return _page(request, "console/operations.html", {"queue": queue})
+
     if not form.is_valid():
-        errors = "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items())
-        return _done(request, messages.ERROR, f"{key} was not changed: {errors}", back)
+        return refused("; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items()))
     committed = form.cleaned_data["decision"] == "committed"
     try:
         if committed:
@@ -258,6 +270,8 @@ def operation_resolve(request: HttpRequest, key: str) -> HttpResponse:
             services.operation_mark_not_committed(
                 key=key, actor=_person(request), evidence=form.cleaned_data["evidence"]
             )
+    except services.InvalidInput as exc:
+        return refused(str(exc))
     except services.ServiceError as exc:
         return _done(request, messages.WARNING, str(exc), back)
     verdict = "committed" if committed else "not committed"
@@ -269,7 +283,7 @@ def operation_resolve(request: HttpRequest, key: str) -> HttpResponse:
 def operation_lookup(request: HttpRequest, key: str) -> HttpResponse:
     """Ask the tool's own lookup what the business system knows of ``key``; changes nothing."""
     try:
-        op, found = services.operation_look_up(key=key, actor=_person(request))
+        op, found = services.operation_look_up(key=_operation_key(key), actor=_person(request))
     except services.NotFound as exc:
         raise Http404(str(exc)) from exc
     if getattr(request, "htmx", None):
@@ -371,6 +385,15 @@ def _person(request: HttpRequest) -> User:
     if not isinstance(request.user, User):
         raise PermissionDenied("a signed-in person is required")
     return request.user
+
+
+def _operation_key(key: str) -> str:
+    """``key`` from the path, or a 400 when no operation could have it (a well-formed key
+    that names nothing is a 404 further on)."""
+    problem = key_problem(key)
+    if problem is not None:
+        raise BadRequest(problem)
+    return key
 
 
 def _int(raw: str | None) -> int | None:

@@ -19,9 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # Lowest first. A module's layer is that of the longest prefix listed for it.
 LAYERS: dict[str, int] = {
     "guard": 0,
-    # The console's values and records: models, redaction, roles, logs, agents' base.
+    # The console's values and records: models, redaction, input checks, roles, logs, agents'
+    # base.
     "console.models": 1,
     "console.redaction": 1,
+    "console.inputs": 1,
     "console.roles": 1,
     "console.logs": 1,
     "console.statements": 1,

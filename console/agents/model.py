@@ -33,6 +33,7 @@ from django.conf import settings
 from guard import Call, Finish
 from guard.adapters import ToolSpec, calls_from_openai, openai_tool_messages
 
+from ..inputs import MAX_DEPTH, InputRefused, load_json, text_depth, unstorable
 from .base import Agent
 
 MAX_REPLY_BYTES = 2 * 1024 * 1024  # a chat completion is a few KiB; anything this big is wrong
@@ -147,13 +148,16 @@ class ModelEndpoint:
             if len(raw) > MAX_REPLY_BYTES:
                 raise ModelUnavailable(f"the model's reply is larger than {MAX_REPLY_BYTES} bytes")
             try:
-                reply = json.loads(raw, parse_constant=_no_constant)
-            except ValueError:
+                # Bounded before it is parsed: a reply is walked again and again (the
+                # arguments' fingerprint, the redaction, the checkpoint's encoder).
+                reply = load_json(raw, what="the model's reply")
+            except InputRefused as exc:
                 said = self.redact(_excerpt(raw))
-                raise ModelUnavailable(f"the model's reply is not JSON: {said}") from None
+                raise ModelUnavailable(f"{exc}: {said}") from None
             if not isinstance(reply, dict):
                 said = self.redact(_excerpt(raw))
                 raise ModelUnavailable(f"the model's reply is not an object: {said}")
+            _check_reply(reply)
             return reply
         raise ModelUnavailable(f"{problem} (after {self.retries + 1} attempts)")
 
@@ -216,8 +220,33 @@ def _broke_off(address: str, error: BaseException) -> str:
     return f"the request to {address} broke off without a reply ({reason})"
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+def _check_reply(reply: Mapping[str, Any]) -> None:
+    """Refuse a reply the task could not keep: its conversation and trace are stored, and
+    a lone surrogate cannot be (a NUL can: the redaction stores a stand-in). Its tool calls'
+    arguments are JSON text inside the reply's JSON, unseen by the reply's own bound, and
+    are parsed and walked next: they are bounded here too."""
+    problem = unstorable(reply, what="the model's reply", nul=False)
+    if problem is not None:
+        raise ModelUnavailable(problem)
+    try:
+        calls = reply["choices"][0]["message"]["tool_calls"] or ()
+    except (KeyError, IndexError, TypeError):
+        return  # no tool calls, or a malformed reply that plan() refuses by itself
+    for number, call in enumerate(calls if isinstance(calls, list) else (), start=1):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        arguments = function.get("arguments") if isinstance(function, Mapping) else None
+        if not isinstance(arguments, str):
+            continue
+        what = f"the arguments of the model's tool call {number}"
+        try:
+            parsed = load_json(arguments)
+        except InputRefused as exc:
+            if text_depth(arguments, limit=MAX_DEPTH) > MAX_DEPTH:
+                raise ModelUnavailable(f"{what} are {exc.problem}") from None
+            continue  # not JSON: the guard refuses the call as bad_args, saying why
+        problem = unstorable(parsed, what=what, nul=False)
+        if problem is not None:
+            raise ModelUnavailable(problem)
 
 
 def _excerpt(raw: bytes) -> str:

@@ -57,7 +57,7 @@ def test_starting_a_task_enqueues_it_once_the_transaction_commits(
     ("agent", "payload", "limits", "message"),
     [
         ("no_such_agent", {}, None, "no agent named"),
-        ("test_reader", {"x": float("nan")}, None, "not JSON"),
+        ("test_reader", {"x": float("nan")}, None, "not a JSON number"),
         ("test_reader", {"blob": "x" * 70_000}, None, "larger than"),
         ("test_reader", {}, {"model_calls": -1}, "invalid limits"),
         ("test_reader", {}, {"laps": 3}, "unknown limit"),

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from console.agents import agent_class, agent_names
+from console.inputs import InputRefused, check_kept, load_json, unstorable
 from console.services import ServiceError, task_start
 
 
@@ -36,11 +36,15 @@ class Command(BaseCommand):
                 self.stdout.write(f"{agent:<22} {cls.title}: {cls.description}")
             return
         try:
-            payload = json.loads(options["input"])
-        except json.JSONDecodeError as exc:
-            raise CommandError(f"the input is not valid JSON: {exc}") from exc
+            payload = load_json(options["input"], what="the input")
+            check_kept(payload, what="the input")
+        except InputRefused as exc:
+            raise CommandError(str(exc)) from None
         if not isinstance(payload, dict):
             raise CommandError("the input must be a JSON object")
+        problem = unstorable(payload, what="the input")
+        if problem is not None:
+            raise CommandError(problem)
         limits: dict[str, Any] = {}
         for item in options["limit"]:
             key, sep, value = item.partition("=")

@@ -26,8 +26,8 @@ pytestmark = pytest.mark.django_db
     [
         ("input", "{not json", "not valid JSON"),
         ("input", "[1, 2]", "must be a JSON object"),
-        ("input", "NaN", "must be a JSON object"),
-        ("input", '{"x": NaN}', "the input is not JSON"),
+        ("input", "NaN", "not valid JSON: NaN is not a JSON number"),
+        ("input", '{"x": NaN}', "not valid JSON: NaN is not a JSON number"),
         ("limits", '{"model_calls": ', "not valid JSON"),
         ("limits", '"ten"', "must be a JSON object"),
         ("limits", '{"laps": 3}', "unknown limit(s): laps"),
