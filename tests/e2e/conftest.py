@@ -111,7 +111,8 @@ class Console:
 
     def open(self, **options: Any) -> Page:
         """A fresh browser (no cookies) at the console's address."""
-        context = self.browser.new_context(base_url=self.url, viewport=VIEWPORT, **options)
+        options.setdefault("viewport", VIEWPORT)
+        context = self.browser.new_context(base_url=self.url, **options)
         context.set_default_timeout(10_000)
         self.contexts.append(context)
         return context.new_page()

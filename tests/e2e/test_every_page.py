@@ -1,0 +1,230 @@
+"""Every page of the console on a phone, in both themes: it fits, and its text can be read.
+
+The pages are found from the URL map, not listed by hand: every console URL is filled in
+with real objects (a finished task, a task waiting for a human with a write in doubt, its
+operation) and kept if a signed-in person gets an HTML page from it. So a page added later
+is checked without anyone remembering to add it here.
+
+At 390 px (a small phone) no page may be wider than the screen: a wide table scrolls inside
+its own box. In the light and the dark theme, every piece of text on every page meets WCAG
+AA contrast against what is behind it (4.5:1, or 3:1 for large text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
+from playwright.sync_api import Page
+
+from console import runner
+from console.models import Operation, OperationState, TaskState
+from console.roles import Role, assign
+from console.services import task_start
+
+from .conftest import CHROMIUM, PASSWORD, Console
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason=f"no {CHROMIUM}: install Debian's chromium package (`manage.py test` does)",
+    ),
+]
+
+PHONE = {"width": 390, "height": 844}
+# Not pages: data, fragments, exports, probes, the API (its own tests), and sign-out.
+NOT_PAGES = {"task-live", "task-report", "audit-export", "healthz", "metrics", "logout"}
+
+# The contrast of every visible piece of text against the first opaque background behind
+# it (WCAG 2.x relative luminance). Returns the pieces that fall short.
+CONTRAST = """
+() => {
+  const parse = (value) => {
+    let m = value.match(/rgba?\\(([^)]+)\\)/);
+    if (m) {
+      const p = m[1].split(/[ ,\\/]+/).filter(Boolean).map(Number);
+      return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
+    }
+    m = value.match(/color\\(srgb ([^)]+)\\)/);
+    if (m) {
+      const p = m[1].split(/[ \\/]+/).filter(Boolean).map(Number);
+      return [p[0] * 255, p[1] * 255, p[2] * 255, p.length > 3 ? p[3] : 1];
+    }
+    return null;
+  };
+  const lum = ([r, g, b]) => {
+    const c = [r, g, b].map((v) => {
+      v /= 255;
+      return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4);
+    });
+    return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2];
+  };
+  const background = (el) => {
+    for (let node = el; node; node = node.parentElement) {
+      const bg = parse(getComputedStyle(node).backgroundColor);
+      if (bg && bg[3] > 0.5) return bg;
+    }
+    return parse(getComputedStyle(document.documentElement).backgroundColor) || [255, 255, 255, 1];
+  };
+  const short = [];
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  const seen = new Set();
+  while (walker.nextNode()) {
+    const text = walker.currentNode.textContent.trim();
+    const el = walker.currentNode.parentElement;
+    if (!text || !el || seen.has(el)) continue;
+    seen.add(el);
+    const style = getComputedStyle(el);
+    const box = el.getBoundingClientRect();
+    if (style.visibility === "hidden" || box.width === 0 || box.height === 0) continue;
+    let fg = parse(style.color);
+    if (!fg) continue;
+    const bg = background(el);
+    // A translucent text colour is seen mixed with what is behind it.
+    fg = [0, 1, 2].map((i) => fg[i] * fg[3] + bg[i] * (1 - fg[3]));
+    const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+    const ratio = (a + 0.05) / (b + 0.05);
+    const size = parseFloat(style.fontSize);
+    const bold = parseInt(style.fontWeight, 10) >= 700;
+    const large = size >= 24 || (bold && size >= 18.66);
+    if (ratio < (large ? 3 : 4.5)) {
+      const where = `${el.tagName.toLowerCase()}.${el.className}`;
+      short.push(`${ratio.toFixed(2)}:1 "${text.slice(0, 40)}" (${where})`);
+    }
+  }
+  return short;
+}
+"""
+
+# What sticks out past the right edge of the screen, for the failure message.
+WIDE = """
+(width) => Array.from(document.querySelectorAll("body *"))
+  .filter((el) => el.getBoundingClientRect().right > width + 0.5)
+  .filter((el) => !el.closest(".scroll"))
+  .slice(0, 8)
+  .map((el) => {
+    const right = Math.round(el.getBoundingClientRect().right);
+    return `${el.tagName.toLowerCase()}.${el.className} right=${right}`;
+  })
+"""
+
+
+@pytest.fixture
+def everyone(transactional_db: None) -> User:
+    """A person holding every role, so that every page shows every action it has."""
+    user = User.objects.create_user("everyone-e2e", password=PASSWORD)
+    assign(user, list(Role))
+    return user
+
+
+@pytest.fixture
+def objects(everyone: User) -> dict[str, Any]:
+    """Tasks and an operation for the pages to show: a finished read, and a write in doubt."""
+    read = task_start(
+        agent="paging",
+        input={"collection": "reports"},
+        enqueue=lambda task_id: None,
+        actor=everyone,
+    )
+    runner.drive(read.id)
+    doubt = task_start(
+        agent="test_notices",
+        input={"count": 2, "lose": 1, "auto_lookup": False},
+        enqueue=lambda task_id: None,
+        actor=everyone,
+    )
+    runner.drive(doubt.id)
+    doubt.refresh_from_db()
+    assert doubt.state == TaskState.NEEDS_HUMAN
+    operation = Operation.objects.get(task=doubt, state=OperationState.UNKNOWN)
+    return {"tasks": [read, doubt], "operation": operation}
+
+
+def _patterns(
+    resolvers: list[URLPattern | URLResolver], prefix: str = ""
+) -> Iterator[tuple[str, URLPattern]]:
+    for entry in resolvers:
+        if isinstance(entry, URLResolver):
+            if str(entry.pattern).startswith("api"):
+                continue  # the API has its own tests
+            yield from _patterns(entry.url_patterns, prefix + str(entry.pattern))
+        elif entry.name and entry.name not in NOT_PAGES:
+            yield entry.name, entry
+
+
+def page_urls(objects: dict[str, Any], user: User) -> list[str]:
+    """Every console URL filled in with the objects, kept if it is an HTML page."""
+    client = Client()
+    client.force_login(user)
+    values: dict[str, list[Any]] = {
+        "task_id": [task.id for task in objects["tasks"]],
+        "key": [objects["operation"].key],
+    }
+    found: list[str] = []
+    for name, pattern in _patterns(get_resolver().url_patterns):
+        params = list(pattern.pattern.regex.groupindex)
+        unknown = [p for p in params if p not in values]
+        assert not unknown, f"{name}: no value to fill {unknown} with; add one to this test"
+        combos: list[dict[str, Any]] = [{}]
+        for param in params:
+            combos = [{**c, param: v} for c in combos for v in values[param]]
+        for kwargs in combos:
+            url = reverse(name, kwargs=kwargs)
+            answer = client.get(url)
+            if answer.status_code == 200 and answer["Content-Type"].startswith("text/html"):
+                found.append(url)
+    assert len(found) >= 8, found  # dashboard, lists, two tasks, forms, audit, ...
+    return found
+
+
+def _check(page: Page, url: str, problems: list[str], theme: str) -> None:
+    page.goto(url)
+    page.wait_for_load_state("load")
+    width = page.evaluate("document.documentElement.scrollWidth")
+    if width > PHONE["width"]:
+        wide = page.evaluate(WIDE, PHONE["width"])
+        problems.append(f"{url} ({theme}): {width} px wide at {PHONE['width']} px: {wide}")
+    for short in page.evaluate(CONTRAST):
+        problems.append(f"{url} ({theme}): contrast {short}")
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_every_page_fits_a_phone_and_its_text_can_be_read(
+    console: Console, everyone: User, objects: dict[str, Any], theme: str
+) -> None:
+    urls = page_urls(objects, everyone)
+    page = console.sign_in(everyone, viewport=PHONE, color_scheme=theme)
+    problems: list[str] = []
+
+    for url in urls:
+        _check(page, url, problems, theme)
+    # Signed out: the sign-in page, and a page that does not exist.
+    signed_out = console.open(viewport=PHONE, color_scheme=theme)
+    _check(signed_out, reverse("login"), problems, theme)
+    _check(page, "/no-such-page/", problems, theme)
+
+    assert problems == [], "\n".join(problems)
+
+
+def test_a_wide_trace_scrolls_inside_its_box_not_the_page(
+    console: Console, everyone: User, objects: dict[str, Any]
+) -> None:
+    task = objects["tasks"][1]
+    page = console.sign_in(everyone, viewport=PHONE)
+
+    page.goto(f"/tasks/{task.id}/")
+
+    box = page.locator(".scroll", has=page.locator("table.trace"))
+    assert box.count() == 1
+    inner, outer = box.evaluate("(el) => [el.scrollWidth, el.clientWidth]")
+    assert outer <= PHONE["width"]
+    assert inner >= outer  # the trace may be wider than the screen; its box scrolls
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    assert box.evaluate("(el) => getComputedStyle(el).overflowX") == "auto"
