@@ -274,7 +274,7 @@ class TraceEvent(models.Model):
 class Operation(models.Model):
     """A ledger entry: one business action of a write tool, keyed by its operation key."""
 
-    key = models.CharField(max_length=200, unique=True)
+    key = models.CharField(max_length=200)  # unique: see Meta (the claim's ON CONFLICT)
     fingerprint = models.CharField(max_length=64)
     state = models.CharField(max_length=20, choices=OperationState)
     tool = models.CharField(max_length=200)
@@ -291,8 +291,14 @@ class Operation(models.Model):
             models.CheckConstraint(
                 condition=_in("state", OperationState.values), name="operation_state_valid"
             ),
+            # The ledger's one row per business action. A constraint, not unique=True: the
+            # field would also get a varchar_pattern_ops index for LIKE, which no query uses
+            # and every claim would pay for.
+            models.UniqueConstraint(fields=["key"], name="operation_key_unique"),
         ]
         indexes = [
+            # The reconciliation queue's hint: the same call committed under another key.
+            models.Index(fields=["fingerprint"], name="operation_fingerprint"),
             # Reconciliation queue: uncertain operations, oldest first.
             models.Index(
                 fields=["updated_at"],

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Self
 
 from django.conf import settings
 from django.core.paginator import Page, Paginator
-from django.db.models import Count, Model, Q, QuerySet
+from django.db.models import Count, Model, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from guard import Reason
@@ -24,8 +24,10 @@ from guard.steps import DIMENSIONS, RESUME_CONDITIONS
 
 from .agents import UnknownAgent, agent_class
 from .models import (
+    AuditAction,
     AuditEntry,
     Operation,
+    OperationEvent,
     OperationState,
     Phase,
     StopReport,
@@ -40,6 +42,7 @@ TASKS_PER_PAGE = 50
 AUDIT_PER_PAGE = 100
 TRACE_WINDOW = 100  # events shown at once on a task page; older ones are a link away
 QUEUE_LIMIT = 50  # uncertain operations shown at once, oldest first
+ELSEWHERE_SHOWN = 3  # per queued operation: the same call committed under other keys
 RECENT = timedelta(hours=24)  # the dashboard counts finished tasks over this window
 # The poll budget bounds each PENDING job, not the task: a task-wide "polls spent / limit"
 # would compare a sum with a per-job bound, so it has no gauge.
@@ -334,9 +337,7 @@ def task_live(task_id: int, *, after: int) -> TaskLive | None:
     )
 
 
-def trace(
-    task_id: int, *, after: int | None = None, before: int | None = None
-) -> list[TraceEvent]:
+def trace(task_id: int, *, after: int | None = None, before: int | None = None) -> list[TraceEvent]:
     """A window of a task's trace in order: new events after ``after``, or the
     ``TRACE_WINDOW`` events before ``before`` (default: the latest)."""
     qs = TraceEvent.objects.filter(task_id=task_id)
@@ -458,6 +459,14 @@ class QueueRow:
     """What a lookup just found out about it, if one was run."""
     typed: Mapping[str, str] | None = None
     """What a reconciler just typed into its form, by field, when it was refused."""
+    history: tuple[OperationEvent, ...] = ()
+    """What the ledger knows: the operation's moves so far, oldest first (who claimed it,
+    what made it uncertain)."""
+    elsewhere: tuple[Operation, ...] = ()
+    """The same call (tool and arguments: the fingerprint) committed under another key,
+    newest first: the action may have happened after all, for another task."""
+    looked_up: AuditEntry | None = None
+    """The last lookup a person ran on it, with what the business system said then."""
 
 
 @dataclass
@@ -476,11 +485,56 @@ def reconciliation(
     """The reconciliation page; ``found`` puts lookups' answers beside their operations (by
     id), ``typed`` what was typed into a refused form."""
     now = timezone.now()
+    ops = reconciliation_queue()
+    history, elsewhere, looked_up = _what_is_known(ops)
     rows = [
-        QueueRow(op, now - op.updated_at, (found or {}).get(op.id), (typed or {}).get(op.id))
-        for op in reconciliation_queue()
+        QueueRow(
+            op,
+            now - op.updated_at,
+            (found or {}).get(op.id),
+            (typed or {}).get(op.id),
+            tuple(history.get(op.id, ())),
+            tuple(elsewhere.get(op.fingerprint, ())[:ELSEWHERE_SHOWN]),
+            looked_up.get(op.id),
+        )
+        for op in ops
     ]
     return Reconciliation(rows, reconciliation_count())
+
+
+def _what_is_known(
+    ops: list[Operation],
+) -> tuple[dict[int, list[OperationEvent]], dict[str, list[Operation]], dict[int, AuditEntry]]:
+    """For the queue's operations, in three queries whatever their number: their moves, the
+    same calls committed under other keys, and the last lookup of each."""
+    ids = [op.id for op in ops]
+    history: dict[int, list[OperationEvent]] = {}
+    elsewhere: dict[str, list[Operation]] = {}
+    looked_up: dict[int, AuditEntry] = {}
+    if not ids:
+        return history, elsewhere, looked_up
+    moves = OperationEvent.objects.filter(operation_id__in=ids).select_related("actor")
+    for event in moves.order_by("at", "id"):
+        history.setdefault(event.operation_id, []).append(event)
+    # operation_fingerprint serves this; a handful per call is plenty to act on.
+    same = (
+        Operation.objects.filter(
+            fingerprint__in={op.fingerprint for op in ops}, state=OperationState.COMMITTED
+        )
+        .exclude(id__in=ids)
+        .order_by("-updated_at", "-id")[: ELSEWHERE_SHOWN * len(ids)]
+    )
+    for other in same:
+        elsewhere.setdefault(other.fingerprint, []).append(other)
+    last = AuditEntry.objects.filter(
+        operation_id=OuterRef("pk"), action=AuditAction.LOOKUP
+    ).order_by("-at", "-id")
+    latest = Operation.objects.filter(id__in=ids).annotate(last=Subquery(last.values("id")[:1]))
+    entry_ids = [row.last for row in latest.only("id") if row.last is not None]
+    for entry in AuditEntry.objects.filter(id__in=entry_ids).select_related("actor"):
+        if entry.operation_id is not None:
+            looked_up[entry.operation_id] = entry
+    return history, elsewhere, looked_up
 
 
 def operation(key: str) -> Operation | None:
