@@ -323,6 +323,8 @@ def _operation_resolve(call: ApiCall, key: str) -> HttpResponse:
     key = _operation_key(key)
     fields = s.RESOLVE_OPERATION.read(call.body)
     if fields["committed"]:
+        if fields["override"]:
+            raise ApiError(ErrorCode.INVALID_INPUT, "an override only goes with committed: false")
         op = services.operation_mark_committed(
             key=key, actor=call.user, evidence=fields["evidence"], result=fields["result"]
         )
@@ -330,7 +332,7 @@ def _operation_resolve(call: ApiCall, key: str) -> HttpResponse:
         if fields["result"] is not None:
             raise ApiError(ErrorCode.INVALID_INPUT, "a result only goes with committed: true")
         op = services.operation_mark_not_committed(
-            key=key, actor=call.user, evidence=fields["evidence"]
+            key=key, actor=call.user, evidence=fields["evidence"], override=fields["override"]
         )
     return _answer(s.OPERATION_ANSWER, op)
 

@@ -39,6 +39,12 @@ class ResolveForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3}),
         help_text="If it happened and you know the result, as JSON (optional).",
     )
+    override = forms.CharField(
+        required=False,
+        max_length=4000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Only when the lookup finds the action and you know it did not happen: why.",
+    )
 
     def clean_result(self) -> Any:
         raw = self.cleaned_data["result"].strip()
@@ -82,7 +88,7 @@ class StartForm(forms.Form):
     limits = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
-        help_text="Budgets to override, a JSON object, e.g. {\"model_calls\": 10}. "
+        help_text='Budgets to override, a JSON object, e.g. {"model_calls": 10}. '
         "Known: " + ", ".join(f.name for f in fields(Limits)),
     )
     reason = forms.CharField(

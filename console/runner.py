@@ -328,7 +328,9 @@ class _Driver:
         # Redacted once: for the operation's row (a write) and for the request's event.
         self.args_preview = preview(call.args)
         self.ledger.describe(call, self.args_preview)
-        decision = guard.before_tool(ticket)
+        # A retry of a write settled NOT_COMMITTED asks the tool's lookup first (whatever
+        # auto_lookup says: it can only stop the write, never settle it).
+        decision = guard.before_tool(ticket, lookup=tool.lookup)
         carried, self.carried, self.ledger.carry = self.carried, None, None
         if carried is not None and carried.saved is not None:
             self._saved(carried.saved)

@@ -538,4 +538,8 @@ RESOLVE_OPERATION = Body("ResolveOperation", "What the business system shows.", 
         f"{KEPT_DEPTH} levels deep",
         kept=True,
     ),
+    text_input(
+        "override", "with committed: false, why the person knows better than the tool's "
+        "lookup when it finds the action (without one, that is refused: 409 refused)",
+    ),
 ))

@@ -236,12 +236,57 @@ def operation_mark_committed(
     return _settle(key, actor, evidence, committed=True, result=result)
 
 
-def operation_mark_not_committed(*, key: str, actor: User, evidence: str) -> Operation:
-    """A reconciler verified that the action did not take effect; it may be retried."""
-    return _settle(key, actor, evidence, committed=False, result=None)
+class LookupDisagrees(Refused):
+    """Marking an action not committed that the tool's own lookup finds in the business
+    system: refused unless the person overrides it, with a reason of its own."""
 
 
-def _settle(key: str, actor: User, evidence: str, *, committed: bool, result: Any) -> Operation:
+def operation_mark_not_committed(
+    *, key: str, actor: User, evidence: str, override: str = ""
+) -> Operation:
+    """A reconciler verified that the action did not take effect; it may be retried.
+
+    Marking it so lets the write run again, so the tool's lookup is asked first: if it
+    finds the action, this is refused (:class:`LookupDisagrees`) unless ``override`` says
+    why the person knows better; the override, and what the lookup said, go to the audit
+    log. A lookup that fails or cannot tell does not stand in the way.
+    """
+    evidence = _required(evidence, what="evidence")
+    override = _optional(override, what="the override")
+    op = None
+    if key_problem(key) is None:
+        op = Operation.objects.filter(key=key).select_related("task").first()
+    if op is None:
+        raise NotFound(f"there is no operation {key!r}")
+    found = _look_up(op)  # I/O on the business system: before the transaction
+    if found.get("committed") is True and not override:
+        said = f": {found['evidence']}" if found.get("evidence") else ""
+        raise LookupDisagrees(
+            f"the business system's lookup finds this action{said}. Marking it not "
+            "committed would let it run a second time; give an override with its reason if "
+            "you know better"
+        )
+    return _settle(
+        key,
+        actor,
+        evidence,
+        committed=False,
+        result=None,
+        override=override if found.get("committed") is True else "",
+        found=found,
+    )
+
+
+def _settle(
+    key: str,
+    actor: User,
+    evidence: str,
+    *,
+    committed: bool,
+    result: Any,
+    override: str = "",
+    found: Mapping[str, Any] | None = None,
+) -> Operation:
     evidence = _required(evidence, what="evidence")
     if committed:
         # What is stored is what the agent is handed when it asks again: refuse what could
@@ -275,14 +320,19 @@ def _settle(key: str, actor: User, evidence: str, *, committed: bool, result: An
         except lifecycle.LostRace as exc:
             raise StaleState(f"{key} is already {op.state}") from exc
         action = AuditAction.MARK_COMMITTED if committed else AuditAction.MARK_NOT_COMMITTED
+        after: dict[str, Any] = {"state": op.state}
+        if found is not None:
+            after["lookup"] = dict(found)
+        if override:
+            after["override"] = override
         _audit(
             actor,
             action,
-            evidence,
+            f"{evidence} (override of the lookup: {override})" if override else evidence,
             task_id=op.task_id,
             operation=op,
             before=before,
-            after={"state": op.state},
+            after=after,
         )
     return op
 
@@ -370,6 +420,23 @@ def operation_look_up(*, key: str, actor: User) -> tuple[Operation, dict[str, An
         raise NotFound(f"there is no operation {key}")
     # The lookup is I/O on the business system: it runs outside any transaction, and the
     # audit entry, written after it, is the only thing this records.
+    found = _look_up(op)
+    with transaction.atomic():
+        _audit(
+            actor,
+            AuditAction.LOOKUP,
+            "looked the operation up in the business system",
+            task_id=op.task_id,
+            operation=op,
+            after=found,
+        )
+    return op, found
+
+
+def _look_up(op: Operation) -> dict[str, Any]:
+    """What the tool's own lookup says of ``op``, redacted: ``committed``, ``evidence`` and
+    ``result``, or an ``error`` saying why nothing could be told. Never raises."""
+    key = op.key
     found: dict[str, Any]
     try:
         agent = agent_class(op.task.agent)(op.task.id, op.task.input, {})
@@ -387,16 +454,7 @@ def operation_look_up(*, key: str, actor: User) -> tuple[Operation, dict[str, An
         logger.exception("lookup of %s failed", key)
         found = {"error": f"the lookup failed: {type(exc).__name__}: {exc}"[:500]}
     found = redact(found)  # what a business system answers may hold secrets too
-    with transaction.atomic():
-        _audit(
-            actor,
-            AuditAction.LOOKUP,
-            "looked the operation up in the business system",
-            task_id=op.task_id,
-            operation=op,
-            after=found,
-        )
-    return op, found
+    return dict(found)
 
 
 def _lock_goal(fingerprint: str) -> None:
@@ -480,6 +538,7 @@ def _audit(
 
 __all__ = [
     "InvalidInput",
+    "LookupDisagrees",
     "NotFound",
     "Refused",
     "ServiceError",

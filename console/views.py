@@ -247,11 +247,13 @@ def operation_resolve(request: HttpRequest, key: str) -> HttpResponse:
     if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
         back = reverse("operations")
 
-    def refused(why: str) -> HttpResponse:
+    def refused(why: str, *, override: bool = False) -> HttpResponse:
         messages.error(request, f"{key} was not changed: {why}")
         # The queue again rather than a redirect, with what was typed beside its operation,
         # so that a reconciler mends the evidence or the result instead of typing it again.
         typed = {op.id: {name: form[name].value() or "" for name in form.fields}}
+        if override:
+            typed[op.id]["needs_override"] = "1"
         queue = selectors.reconciliation(typed=typed)
         return _page(request, "console/operations.html", {"queue": queue})
 
@@ -268,8 +270,13 @@ def operation_resolve(request: HttpRequest, key: str) -> HttpResponse:
             )
         else:
             services.operation_mark_not_committed(
-                key=key, actor=_person(request), evidence=form.cleaned_data["evidence"]
+                key=key,
+                actor=_person(request),
+                evidence=form.cleaned_data["evidence"],
+                override=form.cleaned_data["override"],
             )
+    except services.LookupDisagrees as exc:
+        return refused(str(exc), override=True)
     except services.InvalidInput as exc:
         return refused(str(exc))
     except services.ServiceError as exc:

@@ -48,7 +48,7 @@ def drive(
             return admitted
         results: list[Any] = []  # the tickets' results: after_tool() set each one it let by
         for ticket in admitted:
-            decision = guard.before_tool(ticket)
+            decision = guard.before_tool(ticket, lookup=lookup)
             if decision.report is not None:
                 return decision.report
             outcome: Any = decision.result

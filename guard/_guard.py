@@ -233,11 +233,14 @@ class Guard:
             return admitted
         return admitted if isinstance(admitted, Nudge) else self._stop(admitted.refusal, admitted)
 
-    def before_tool(self, ticket: Ticket) -> Decision:
+    def before_tool(self, ticket: Ticket, *, lookup: Lookup | None = None) -> Decision:
         """Decide, at the executor's entry, whether this admitted call may run now.
 
         For a write this claims the operation key in the ledger: ``EXECUTE`` means this
-        caller owns the only execution; ``REUSE`` hands back the committed result.
+        caller owns the only execution; ``REUSE`` hands back the committed result (or a
+        ``PENDING`` one while another execution holds the key). A write claimed back from
+        ``NOT_COMMITTED`` runs only if ``lookup`` (the tool's trusted lookup, when it has
+        one) does not find the action already done.
         """
         if self._record.report is not None:
             return Decision(Action.STOP, ticket, report=self._record.report)
@@ -251,7 +254,9 @@ class Guard:
         call = ticket.call
         if call.effect == "write":
             key = present(call.operation_key)
-            claimed = self._settlement.claim(key, ticket.fingerprint, room=refused is None)
+            claimed = self._settlement.claim(
+                key, ticket.fingerprint, room=refused is None, lookup=lookup
+            )
             if claimed is not None:
                 if isinstance(claimed, Refusal):
                     return self._refuse(ticket, claimed)

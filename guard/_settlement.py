@@ -90,7 +90,9 @@ class SettlementStep:
 
     # -- the executor's entry ------------------------------------------------------------
 
-    def claim(self, key: str, fp: str, *, room: bool) -> Refusal | Operation | Result | None:
+    def claim(
+        self, key: str, fp: str, *, room: bool, lookup: Lookup | None = None
+    ) -> Refusal | Operation | Result | None:
         """Claim ``key`` for one execution: ``None`` means this caller owns it and may
         execute; an :class:`Operation` is a committed entry whose result is reused. Without
         ``room`` in the execution budget only a reuse is possible.
@@ -99,7 +101,11 @@ class SettlementStep:
         ``PENDING`` :class:`Result` to hand the model instead: nothing runs, the model asks
         again after ``wait_ms`` like any pending job (the poll budget and the deadline
         bound the wait), and meets the settled entry then: committed, its result is reused;
-        verified not committed, it is claimed; uncertain, the task stops for a human."""
+        verified not committed, it is claimed; uncertain, the task stops for a human.
+
+        Claiming back a ``NOT_COMMITTED`` entry (a retry) asks ``lookup`` once more first: if
+        the business system has the action after all (the evidence that it had not was
+        wrong), nothing runs, the entry is ``UNKNOWN`` and the task stops for a human."""
         try:
             if not room:
                 entry = self.ledger.get(key)
@@ -120,6 +126,14 @@ class SettlementStep:
             return in_flight_elsewhere(key)
         if claim.status is not ClaimStatus.CLAIMED:
             return _CLAIM_STOPS[claim.status]
+        if lookup is not None and claim.operation is not None and claim.operation.attempts > 1:
+            found = look_up(lookup, key)
+            if found is not None and found.committed is True:
+                detail = (
+                    "the lookup finds the action that was marked not committed; it was not "
+                    "run again"
+                )
+                return self._unknown(key, fp, detail, Reason.UNKNOWN_COMMIT)
         return None
 
     def in_flight(self, key: str) -> bool:

@@ -104,6 +104,12 @@ class SharedNotice(Agent):
     name = "test_shared_notice"
     title = "Shared notice (tests)"
 
+    def __init__(self, task_id: int, input: Mapping[str, Any], memory: dict[str, Any]) -> None:
+        super().__init__(task_id, input, memory)
+        # {"lose": true}: the first send's response is lost (the notice is sent); with
+        # {"auto_lookup": false} that goes to a human instead of the lookup.
+        self.auto_lookup = bool(input.get("auto_lookup", True))
+
     def tools(self) -> Sequence[Tool]:
         return [Tool("send_notice", "write", self._send, lookup=self._lookup)]
 
@@ -115,6 +121,9 @@ class SharedNotice(Agent):
             text="shared notice",
             idempotency_key=str(call.operation_key),
         )
+        key = str(call.operation_key)
+        if self.input.get("lose") and desk.fault_trip_once(operation_key=key):
+            raise TimeoutError("the notice was sent but its response was lost")
         return Result(Kind.SUCCESS, {"sent": call.operation_key, "by": self.task_id})
 
     def _lookup(self, key: str) -> Settlement:

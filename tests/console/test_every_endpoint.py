@@ -385,7 +385,12 @@ def one_bad_field(form_class: type[forms.Form], agent: str) -> Iterator[tuple[st
             kinds[name] = {**JSON_BAD, "huge": '{"x": "' + "x" * MIB + '"}'}
         else:
             valid[name] = "sweep"
-            kinds[name] = TEXT_BAD
+            # Left empty, an optional text field is valid input, not a bad value.
+            kinds[name] = (
+                TEXT_BAD
+                if field.required
+                else {label: value for label, value in TEXT_BAD.items() if value}
+            )
     for name, bad in kinds.items():
         for label, value in bad.items():
             yield f"{name}={label}", {**valid, name: value}

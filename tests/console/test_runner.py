@@ -322,6 +322,34 @@ def test_a_write_whose_database_went_away_before_it_happened_is_tried_again(
     assert moves[-1] == ("IN_FLIGHT", "COMMITTED")
 
 
+def test_a_write_wrongly_marked_not_committed_is_not_sent_again_on_resumption(
+    start: Start, operator: User
+) -> None:
+    key = "incident-8-first-notice"
+    task = start("test_shared_notice", {"key": key, "lose": True, "auto_lookup": False})
+    assert runner.drive(task.id) == "NEEDS_HUMAN/executor_error"  # the response was lost
+    # A person marks it not committed against the lookup's word (an override), and approves.
+    services.operation_mark_not_committed(
+        key=key,
+        actor=operator,
+        evidence="no notice in my inbox",
+        override="I trust my inbox more than the desk",
+    )
+    services.task_approve_resumption(
+        task_id=task.id, actor=operator, reason="try again", enqueue=lambda task_id: None
+    )
+
+    outcome = runner.drive(task.id)
+
+    # The retry's claim asked the lookup once more, which found the notice: not sent again.
+    assert outcome == "NEEDS_HUMAN/unknown_commit"
+    assert Notice.objects.filter(idempotency_key=key).count() == 1
+    operation = Operation.objects.get(key=key)
+    assert (operation.state, operation.attempts) == (OperationState.UNKNOWN, 2)
+    task.refresh_from_db()
+    assert "marked not committed" in task.detail
+
+
 def _drive_in_thread(task_id: int) -> None:
     try:
         runner.drive(task_id)
@@ -462,8 +490,12 @@ def test_a_write_settled_by_a_human_while_it_ran_stops_the_task_for_a_human(
         Task.objects.filter(id=self.task_id).update(
             lease_expires_at=timezone.now() - timedelta(seconds=1)
         )
+        # Against the lookup's word (it finds the notice just sent): an override.
         services.operation_mark_not_committed(
-            key=str(call.operation_key), actor=operator, evidence="nothing in the desk"
+            key=str(call.operation_key),
+            actor=operator,
+            evidence="nothing in the desk",
+            override="looked before the desk had it",
         )
         return result
 

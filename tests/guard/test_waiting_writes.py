@@ -22,7 +22,7 @@ from guard import (
     Settlement,
     State,
 )
-from guard.steps import IN_FLIGHT_WAIT_MS, RETRY_WAIT_MS, Ticket, transient_error
+from guard.steps import IN_FLIGHT_WAIT_MS, RETRY_WAIT_MS, Ticket, fingerprint, transient_error
 
 from .support import (
     NOTICE_KEY,
@@ -200,3 +200,35 @@ def test_the_host_says_which_errors_pass() -> None:
     assert (report.state, report.reason) == (State.FAILED, Reason.EXECUTOR_ERROR)
     assert transient_error(ConnectionError()) and transient_error(TimeoutError())
     assert not transient_error(ValueError())
+
+
+def test_a_retry_of_a_write_marked_not_committed_runs_only_if_the_lookup_does_not_find_it() -> None:
+    ledger, notices = InMemoryLedger(), Notices()
+    ledger.claim(NOTICE_KEY, fingerprint("send_notice", dict(notice().args)))
+    ledger.resolve(NOTICE_KEY, committed=False, evidence="a person found no notice")
+    notices.sent[NOTICE_KEY] = {"text": "First notice"}  # ...but it had gone out after all
+    guard = make_guard(Clock(), roomy(), ledger=ledger)
+    script = Script(Planner(notice()), Executor(notices.send), _goal(notices))
+
+    report = script.run(guard, lookup=lambda key: Settlement(committed=key in notices.sent))
+
+    assert (report.state, report.reason) == (State.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT)
+    assert "marked not committed" in report.detail
+    assert script.execute.entries == 0  # not sent a second time
+    entry = ledger.get(NOTICE_KEY)
+    assert entry is not None and entry.state is OperationState.UNKNOWN
+
+
+def test_a_retry_the_lookup_confirms_never_happened_runs_once() -> None:
+    ledger, notices = InMemoryLedger(), Notices()
+    ledger.claim(NOTICE_KEY, fingerprint("send_notice", dict(notice().args)))
+    ledger.resolve(NOTICE_KEY, committed=False, evidence="no notice in the outbox")
+    guard = make_guard(Clock(), roomy(), ledger=ledger)
+    script = Script(Planner(notice(), Finish("sent")), Executor(notices.send), _goal(notices))
+
+    report = script.run(guard, lookup=lambda key: Settlement(committed=key in notices.sent))
+
+    assert (report.state, report.reason) == (State.COMPLETED, Reason.GOAL_MET)
+    assert script.execute.entries == 1
+    entry = ledger.get(NOTICE_KEY)
+    assert entry is not None and (entry.state, entry.attempts) == (OperationState.COMMITTED, 2)

@@ -46,7 +46,9 @@ def test_resolving_an_operation_settles_it_once_and_a_second_resolve_is_a_409(
     assert first.status_code == 200
     shown = first.json()["operation"]
     assert (shown["key"], shown["state"], shown["evidence"]) == (
-        "order/42/refund", "COMMITTED", "refund R-17 in the ledger"
+        "order/42/refund",
+        "COMMITTED",
+        "refund R-17 in the ledger",
     )
     assert "already COMMITTED" in error(second, 409)
     op.refresh_from_db()
@@ -82,7 +84,8 @@ def test_an_operation_still_being_executed_is_a_409_with_the_reason(
 ) -> None:
     task = start("test_notices", {"count": 1})
     Task.objects.filter(id=task.id).update(
-        state=TaskState.RUNNING, lease_owner="w:1",
+        state=TaskState.RUNNING,
+        lease_owner="w:1",
         lease_expires_at=timezone.now() + timedelta(minutes=1),
     )
     DatabaseLedger(task_id=task.id, owner="w:1").claim("order-1-refund", "b" * 64)
@@ -93,3 +96,77 @@ def test_an_operation_still_being_executed_is_a_409_with_the_reason(
 
     assert "being executed right now" in error(response, 409)
     assert Operation.objects.get(key="order-1-refund").state == OperationState.IN_FLIGHT
+
+
+def _sent_after_all(op: Operation) -> None:
+    """The notice the operation stands for is in the desk: the action did happen (and the
+    operation names the tool whose lookup can tell)."""
+    from console.demo import desk
+
+    Operation.objects.filter(pk=op.pk).update(tool="send_notice")
+
+    desk.notice_send(
+        order_number=None, recipient="ops@example.com", text="sent", idempotency_key=op.key
+    )
+
+
+def test_marking_not_committed_what_the_lookup_finds_needs_an_override_with_its_reason(
+    caller: Callable[..., Caller], start: Start
+) -> None:
+    reconciler = caller(Role.RECONCILER)
+    op = unknown_operation(start("test_notices", {"count": 1}))
+    _sent_after_all(op)
+    url = f"/api/operations/{op.key}/resolve"
+
+    refused = reconciler.post(url, {"committed": False, "evidence": "nothing in my inbox"})
+
+    assert "lookup finds this action" in error(refused, 409)
+    op.refresh_from_db()
+    assert op.state == OperationState.UNKNOWN
+    assert not AuditEntry.objects.filter(operation=op).exists()
+
+    overridden = reconciler.post(
+        url,
+        {
+            "committed": False,
+            "evidence": "nothing in my inbox",
+            "override": "the desk's row is a test fixture; the customer got nothing",
+        },
+    )
+
+    assert overridden.status_code == 200
+    op.refresh_from_db()
+    assert op.state == OperationState.NOT_COMMITTED
+    entry = AuditEntry.objects.get(operation=op, action="mark_not_committed")
+    assert "override of the lookup: the desk's row is a test fixture" in entry.reason
+    assert entry.after["override"].startswith("the desk's row is a test fixture")
+    assert entry.after["lookup"]["committed"] is True
+
+
+def test_an_override_goes_only_with_not_committed(
+    caller: Callable[..., Caller], start: Start
+) -> None:
+    op = unknown_operation(start("test_notices", {"count": 1}))
+    body = {"committed": True, "evidence": "seen", "override": "because"}
+
+    answer = caller(Role.RECONCILER).post(f"/api/operations/{op.key}/resolve", body)
+
+    assert "only goes with committed: false" in error(answer, 400)
+    op.refresh_from_db()
+    assert op.state == OperationState.UNKNOWN
+
+
+def test_marking_not_committed_what_the_lookup_does_not_find_needs_no_override(
+    caller: Callable[..., Caller], start: Start
+) -> None:
+    op = unknown_operation(start("test_notices", {"count": 1}))
+    Operation.objects.filter(pk=op.pk).update(tool="send_notice")
+
+    answer = caller(Role.RECONCILER).post(
+        f"/api/operations/{op.key}/resolve", {"committed": False, "evidence": "not in the desk"}
+    )
+
+    assert answer.status_code == 200
+    entry = AuditEntry.objects.get(operation=op, action="mark_not_committed")
+    assert entry.after["lookup"]["committed"] is False
+    assert "override" not in entry.after

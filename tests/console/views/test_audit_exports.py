@@ -57,7 +57,11 @@ def test_the_json_export_holds_the_filtered_entries_as_they_were_written(
             KEY,
             "no notice with this key in the desk",
             {"state": "UNKNOWN"},
-            {"state": "NOT_COMMITTED"},
+            # What the tool's lookup said when it was marked so (it found nothing).
+            {
+                "state": "NOT_COMMITTED",
+                "lookup": {"committed": False, "evidence": "", "result": None},
+            },
         )
     ]
 

@@ -64,3 +64,40 @@ def test_the_queue_shows_the_last_lookup_and_who_ran_it(signed_in: SignIn, start
     assert "<strong>it did not happen</strong>" in html
     assert "Nobody has looked it up" not in html
     assert Operation.objects.get(key=KEY).state == OperationState.UNKNOWN  # looking changed nothing
+
+
+def test_the_form_asks_for_an_override_when_the_lookup_finds_the_action_and_keeps_the_typing(
+    signed_in: SignIn, start: Start
+) -> None:
+    from console.demo import desk
+
+    op = unknown_operation(start("test_notices", {"count": 1}))
+    desk.notice_send(
+        order_number=None, recipient="ops@example.com", text="sent", idempotency_key=op.key
+    )
+    client = signed_in("reconciler")
+    form = {"decision": "not_committed", "evidence": "checked the outbox by hand"}
+
+    refused = body(client.post(f"/operations/{KEY}/resolve", form))
+
+    assert "lookup finds this action" in refused
+    assert 'name="override"' in refused  # the field to override it, shown now
+    assert "checked the outbox by hand</textarea>" in refused  # what was typed is kept
+    assert 'value="not_committed" checked' in refused
+    assert Operation.objects.get(key=KEY).state == OperationState.UNKNOWN
+
+    client.post(f"/operations/{KEY}/resolve", {**form, "override": "the row is a test fixture"})
+
+    assert Operation.objects.get(key=KEY).state == OperationState.NOT_COMMITTED
+    entry = AuditEntry.objects.get(action=AuditAction.MARK_NOT_COMMITTED)
+    assert "override of the lookup: the row is a test fixture" in entry.reason
+
+
+def test_the_override_field_is_not_shown_before_it_is_needed(
+    signed_in: SignIn, start: Start
+) -> None:
+    unknown_operation(start("test_notices", {"count": 1}))
+
+    html = body(signed_in("reconciler").get("/operations/"))
+
+    assert 'name="override"' not in html
