@@ -17,6 +17,11 @@ through the ORM), vacuumed and analysed, and dropped at the end unless ``--keep`
 * one phase per task, a stop report per stopped task, and audit entries for starts, stops,
   settled operations, and 150 actions on the big task.
 
+The dashboard page includes its charts (stops by reason over 24 h and 7 days, tasks started
+and finished per hour, step latency p50/p95 per hour, ages of uncertain writes); its htmx
+poll does not draw them. A table of its own times the charts' queries alone
+(``selectors.trends``), one by one, with the index each one's plan uses.
+
 Each page is requested ``--repeat`` times with Django's test client, after a warm-up, as a
 signed-in admin, with ``DEBUG`` off as in production. The time is the whole request in
 this process (middleware, queries, template); the SQL column is the part spent in
@@ -520,6 +525,53 @@ def page_size_table(client: Client, pages: dict[str, Page], repeat: int) -> list
     return lines
 
 
+def trends_table(conn: psycopg.Connection[Any], repeat: int) -> list[str]:
+    """Time ``selectors.trends`` alone, and each of its queries; name the indexes each
+    query's plan reads (a chart that scans a whole table shows up here first)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from console import selectors
+
+    for _ in range(WARMUP):
+        selectors.trends()
+    total: list[float] = []
+    per_query: dict[int, list[float]] = {}
+    texts: list[str] = []
+    for _ in range(repeat):
+        watch = Stopwatch()
+        with CaptureQueriesContext(connection) as ctx, connection.execute_wrapper(watch):
+            start = time.perf_counter()
+            selectors.trends()
+            total.append((time.perf_counter() - start) * 1000)
+        texts = [str(q["sql"]) for q in ctx.captured_queries]
+        for i, ms in enumerate(watch.ms):
+            per_query.setdefault(i, []).append(ms)
+    lines = [
+        f"{'query':<40} {'p50':>7} {'p95':>7}  plan reads",
+        f"{'all of selectors.trends()':<40} {percentile(total, 50):>7.1f} "
+        f"{percentile(total, 95):>7.1f}",
+    ]
+    for i, text in enumerate(texts):
+        plan = explain(conn, text)
+        scans = sorted(set(re.findall(r"(\w+ Scan)(?: using| on) (\w+)", plan)))
+        reads = ", ".join(f"{kind} {name}" for kind, name in scans)
+        lines.append(
+            f"{_query_name(text):<40} {percentile(per_query[i], 50):>7.1f} "
+            f"{percentile(per_query[i], 95):>7.1f}  {reads}"
+        )
+    return lines
+
+
+def _query_name(text: str) -> str:
+    """A short name for one of the charts' queries, from what it groups by."""
+    if "percentile_cont" in text:
+        return "step latency p50/p95 per hour"
+    if '"reason"' in text.split("FROM")[0]:
+        return "stops by reason (7 d, 24 h) and per hour"
+    return "tasks started per hour"
+
+
 def pages_for(conn: psycopg.Connection[Any], shape: Shape) -> tuple[dict[str, Page], str]:
     """The requests to time, chosen from the generated data; and a line describing it."""
     from console import selectors
@@ -744,6 +796,10 @@ def run(args: argparse.Namespace, shape: Shape, url: str) -> int:
             )
         over = [t.page.name for t in timings if t.p95 > TARGET_MS]
         print(f"pages over target: {', '.join(over) if over else 'none'}")
+
+        print(f"\nthe dashboard's chart queries (selectors.trends), {args.repeat} runs")
+        for line in trends_table(conn, args.repeat):
+            print(line)
 
         print(f"\nqueries and time per request against page size ({args.repeat} requests each)")
         for line in page_size_table(client, pages, args.repeat):

@@ -35,6 +35,8 @@ from .models import (
     RESUMABLE_STATES,
     TERMINAL_STATES,
     EventKind,
+    NoticeKind,
+    NotificationEvent,
     Operation,
     OperationEvent,
     Phase,
@@ -249,6 +251,15 @@ def finish_task(
     StopReport.objects.create(
         task_id=task.id, phase=task.phase, state=state, reason=reason, report=redact(report)
     )
+    if state == TaskState.NEEDS_HUMAN:
+        # The notification outbox's row, in this transaction: a person is told only of a
+        # stop that was kept, and of every one (a hold for a restart loop included).
+        NotificationEvent.objects.create(
+            task_id=task.id,
+            kind=NoticeKind.RESTART_LOOP if reason == RESTART_LOOP else NoticeKind.NEEDS_HUMAN,
+            reason=reason,
+            detail=detail[:500],
+        )
     TraceEvent.objects.create(
         task_id=task.id,
         phase=task.phase,

@@ -359,6 +359,9 @@ class AuditAction(models.TextChoices):
     MARK_NOT_COMMITTED = "mark_not_committed", "mark not committed"
     APPROVE_RESUMPTION = "approve_resumption", "approve resumption"
     LOOKUP = "lookup", "run lookup"
+    NOTIFICATION_CHANNEL_ADD = "notification_channel_add", "add notification channel"
+    NOTIFICATION_CHANNEL_REMOVE = "notification_channel_remove", "remove notification channel"
+    NOTIFICATION_TEST = "notification_test", "send test notice"
 
 
 class AuditEntry(models.Model):
@@ -427,3 +430,181 @@ class ApiToken(models.Model):
     @property
     def is_revoked(self) -> bool:
         return self.revoked_at is not None
+
+
+# -- notifications (console/notifications.py) -------------------------------------------------
+
+
+class NoticeKind(models.TextChoices):
+    """What a person is told about, each chosen per channel."""
+
+    NEEDS_HUMAN = "needs_human", "a task needs a human"
+    UNKNOWN_TOO_LONG = "unknown_too_long", "a write stayed UNKNOWN too long"
+    RESTART_LOOP = "restart_loop", "a restart loop is held"
+
+
+class ChannelTransport(models.TextChoices):
+    WEBHOOK = "webhook", "webhook"
+    EMAIL = "email", "email"
+
+
+class NotificationChannel(models.Model):
+    """Where notices of the chosen kinds go: a webhook URL (signed with ``secret``) or the
+    email addresses in ``address``. Admins add and remove them on the notifications page."""
+
+    name = models.CharField(max_length=100)
+    transport = models.CharField(max_length=10, choices=ChannelTransport)
+    url = models.URLField(max_length=2000, blank=True)
+    address = models.CharField(max_length=1000, blank=True)  # comma-separated addresses
+    # Kept in clear because signing needs it; never shown or exported after it is saved
+    # (only ``secret_hint``).
+    secret = models.CharField(max_length=200, blank=True)
+    kinds = models.JSONField(default=list)  # NoticeKind values
+    active = models.BooleanField(default=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=_in("transport", ChannelTransport.values),
+                name="notification_channel_transport_valid",
+            ),
+            models.CheckConstraint(
+                condition=(Q(transport="webhook") & ~Q(url="") & ~Q(secret=""))
+                | (Q(transport="email") & ~Q(address="")),
+                name="notification_channel_target",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.transport})"
+
+    @property
+    def secret_hint(self) -> str:
+        """Enough of the secret to tell two apart, not enough to sign with."""
+        return f"…{self.secret[-4:]}" if self.secret else ""
+
+    @property
+    def target(self) -> str:
+        """Where it delivers, as shown to admins and kept in the audit log: a webhook's host
+        and the end of its path only, because the path of a chat's incoming webhook
+        (``https://hooks.slack.com/services/…``) is a secret too."""
+        from urllib.parse import urlsplit  # here: the models above this section need none
+
+        if self.transport != ChannelTransport.WEBHOOK:
+            return self.address
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        where = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+        rest = parts.path.lstrip("/") + (f"?{parts.query}" if parts.query else "")
+        return f"{where}/…{rest[-4:]}" if rest else f"{where}/"
+
+
+class NotificationEvent(models.Model):
+    """The outbox: one row per event, written in the transaction that made the change.
+
+    The notifier routes rows not yet routed into one :class:`Notice` per channel, a batch
+    of all of a kind's events inside the batching window.
+    """
+
+    kind = models.CharField(max_length=20, choices=NoticeKind)
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="+")
+    operation = models.ForeignKey(
+        Operation, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    reason = models.CharField(max_length=40, blank=True)
+    detail = models.TextField(blank=True)
+    at = models.DateTimeField(default=timezone.now)
+    routed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=_in("kind", NoticeKind.values), name="notification_event_kind_valid"
+            ),
+            # One "stayed UNKNOWN too long" per operation, however often the check runs.
+            models.UniqueConstraint(
+                fields=["operation"],
+                condition=Q(kind="unknown_too_long"),
+                name="notification_event_unknown_once",
+            ),
+        ]
+        indexes = [
+            # The notifier's "events not routed yet", oldest first.
+            models.Index(
+                fields=["kind", "at"], condition=Q(routed_at=None), name="notification_unrouted"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} task {self.task_id}"
+
+
+class NoticeState(models.TextChoices):
+    PENDING = "PENDING", "pending"
+    SENDING = "SENDING", "sending"
+    SENT = "SENT", "sent"
+    FAILED = "FAILED", "failed"
+
+
+class Notice(models.Model):
+    """One message to one channel: a batch of events (or a test), delivered with bounded
+    retries. ``SENDING`` is claimed until ``claimed_until``; a worker that died leaves it
+    to be claimed again after that."""
+
+    channel = models.ForeignKey(
+        NotificationChannel, on_delete=models.PROTECT, related_name="notices"
+    )
+    kind = models.CharField(max_length=20)  # a NoticeKind value, or "test"
+    payload = models.JSONField()
+    state = models.CharField(max_length=10, choices=NoticeState, default=NoticeState.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    events = models.ManyToManyField(NotificationEvent, related_name="notices", blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=_in("state", NoticeState.values), name="notice_state_valid"
+            ),
+        ]
+        indexes = [
+            # The notifier's "notices due": pending ones by when, and claims that ran out.
+            models.Index(
+                fields=["next_attempt_at"],
+                condition=Q(state__in=["PENDING", "SENDING"]),
+                name="notice_due",
+            ),
+            models.Index(fields=["-created_at", "-id"], name="notice_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"notice {self.pk} to {self.channel_id} ({self.state})"
+
+
+class NoticeAttempt(models.Model):
+    """One try at delivering a notice, kept for admins to read; never changed once written."""
+
+    notice = models.ForeignKey(Notice, on_delete=models.PROTECT, related_name="tries")
+    number = models.PositiveIntegerField()
+    at = models.DateTimeField(default=timezone.now)
+    ok = models.BooleanField()
+    status_code = models.PositiveIntegerField(null=True, blank=True)
+    response = models.CharField(max_length=500, blank=True)  # the start of the answer
+    error = models.CharField(max_length=500, blank=True)
+    duration_ms = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["notice_id", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["notice", "number"], name="notice_attempt_number"),
+        ]
+
+    def __str__(self) -> str:
+        return f"notice {self.notice_id} try {self.number}: {'ok' if self.ok else 'failed'}"

@@ -6,17 +6,32 @@ in the database, related rows are joined or fetched in one extra query.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from typing import Any, ClassVar, Self
 
 from django.conf import settings
 from django.core.paginator import Page, Paginator
-from django.db.models import Count, Model, OuterRef, Q, QuerySet, Subquery
+from django.db import connection
+from django.db.models import (
+    Aggregate,
+    Case,
+    Count,
+    FloatField,
+    Model,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    When,
+)
+from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from guard import Reason
@@ -100,6 +115,12 @@ class Dashboard:
     recently_stopped: list[Task]
     budgets: tuple[str, ...] = tuple(d.label for d in GAUGED)
     """The running tasks' gauges, by their names for people (see :func:`gauges`)."""
+
+    @cached_property
+    def trends(self) -> Trends:
+        """The dashboard's charts (:func:`trends`): read when a page draws them, so the
+        board's 5-second htmx poll, which has no charts, runs none of their queries."""
+        return trends()
 
 
 def dashboard(*, limit: int = 15) -> Dashboard:
@@ -350,7 +371,57 @@ def trace(task_id: int, *, after: int | None = None, before: int | None = None) 
 
 def latest_report(task_id: int) -> StopReport | None:
     """The task's latest stop report (one indexed query), or ``None``."""
-    return StopReport.objects.filter(task_id=task_id).order_by("-phase", "-id").first()
+    return (
+        StopReport.objects.filter(task_id=task_id)
+        .select_related("task", "task__stop_requested_by")
+        .order_by("-phase", "-id")
+        .first()
+    )
+
+
+@dataclass(frozen=True)
+class ReportBudget:
+    """One budget as a stop report left it: spent, and what was left (``None``: no limit,
+    or a limit per ``PENDING`` job rather than the task's total)."""
+
+    label: str
+    used: int | None
+    remaining: int | None
+    per_job: bool
+
+
+def report_budgets(report: Mapping[str, Any]) -> list[ReportBudget]:
+    """The stop report's budgets, one per ``guard.steps.DIMENSIONS`` entry, in order."""
+    used = report.get("used") or {}
+    left = report.get("remaining_budget") or {}
+    return [
+        ReportBudget(d.label, used.get(d.used), None if d.per_job else left.get(d.limit), d.per_job)
+        for d in DIMENSIONS
+    ]
+
+
+def report_document(stored: StopReport) -> dict[str, Any]:
+    """The stop report as exported: which task, agent and phase, when it stopped and who
+    asked it to (an operator's stop; ``None`` when the guard stopped it), in UTC, then the
+    guard's report itself."""
+    task = stored.task
+    stopper = task.stop_requested_by if task.stop_requested_at is not None else None
+    return {
+        "task_id": task.id,
+        "agent": task.agent,
+        "phase": stored.phase,
+        "created_at": _utc(task.created_at),
+        "stopped_at": _utc(stored.at),
+        "stop_requested_at": _utc(task.stop_requested_at),
+        "stopped_by": stopper.get_username() if stopper is not None else None,
+        "stop_note": task.stop_note if stopper is not None else "",
+        **stored.report,
+    }
+
+
+def _utc(value: datetime | None) -> str | None:
+    """ISO 8601 in UTC, whatever zone the viewer's pages use."""
+    return None if value is None else value.astimezone(UTC).isoformat()
 
 
 @dataclass
@@ -537,6 +608,18 @@ def _what_is_known(
     return history, elsewhere, looked_up
 
 
+def reconciliation_version() -> str:
+    """A short hash of what the reconciliation page shows (its rows' ids, states and times,
+    and how many there are): it changes when anything the page shows does."""
+    rows = list(
+        _unsettled()
+        .order_by("updated_at", "id")
+        .values_list("id", "state", "updated_at")[:QUEUE_LIMIT]
+    )
+    seen = json.dumps([reconciliation_count(), [[i, s, t.isoformat()] for i, s, t in rows]])
+    return hashlib.sha256(seen.encode()).hexdigest()[:16]
+
+
 def operation(key: str) -> Operation | None:
     return Operation.objects.filter(key=key).select_related("task").first()
 
@@ -601,3 +684,144 @@ def audit_rows(filters: AuditFilters) -> Iterator[dict[str, Any]]:
             "before": entry.before,
             "after": entry.after,
         }
+
+
+# -- dashboard trends --------------------------------------------------------------------------
+
+TREND_HOURS = 24  # the hourly charts cover this many hours, the current one last
+STOPS_WEEK = timedelta(days=7)
+
+
+@dataclass(frozen=True)
+class Trends:
+    """The dashboard's charts: what stopped and why, what started and finished per hour,
+    and how long steps took; counted in the database, a fixed three queries."""
+
+    at: datetime
+    """When the numbers were counted."""
+    stops_day: list[tuple[str, int]]
+    """Tasks that stopped in the last 24 hours by their stop reason, most first."""
+    stops_week: list[tuple[str, int]]
+    """The same over the last 7 days."""
+    hours: list[datetime]
+    """The start of each hour charted (UTC), oldest first; the last is the current one."""
+    started: list[int]
+    """Tasks created in each hour of ``hours``."""
+    finished: list[int]
+    """Tasks that stopped (in any terminal state, or for a human) in each hour."""
+    latency_p50: list[int | None]
+    """Median ``latency_ms`` of the model calls and tool requests of each hour (``None``: no
+    step in that hour)."""
+    latency_p95: list[int | None]
+    latency_note: str = ""
+    """Why there is no latency chart, when there cannot be one (SQLite)."""
+
+
+class _Percentile(Aggregate):
+    """PostgreSQL's ``percentile_cont(fraction) WITHIN GROUP (ORDER BY expression)``."""
+
+    function = "percentile_cont"
+    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
+    output_field = FloatField()
+
+    def __init__(self, expression: str, fraction: float) -> None:
+        # The fraction is written into the SQL: only ever one of our own float constants.
+        super().__init__(expression, fraction=repr(float(fraction)))
+
+
+def _stopped_since(since: datetime) -> Q:
+    # Split so each half is served by its partial index: task_recently_stopped (finished,
+    # not waiting for a human) and task_needs_human (held). That one is on updated_at, which
+    # is never earlier than finished_at (a hold sets both; later writes move updated_at
+    # only): the redundant bound lets the scan skip every task held before the window.
+    return Q(finished_at__gte=since) & (
+        Q(finished_at__isnull=False) & ~Q(state=TaskState.NEEDS_HUMAN)
+        | Q(state=TaskState.NEEDS_HUMAN, updated_at__gte=since)
+    )
+
+
+def trends(*, now: datetime | None = None) -> Trends:
+    """The dashboard's charts, counted in the database in three queries (``date_trunc``
+    per hour, ``percentile_cont`` for latency) over windows the indexes serve:
+    ``task_created`` for starts, the two partial indexes of :func:`_stopped_since` for stops,
+    ``trace_at_brin`` for latency. SQLite (standalone mode) draws every chart but latency."""
+    now = now or timezone.now()
+    current = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    hours = [current - timedelta(hours=TREND_HOURS - 1 - i) for i in range(TREND_HOURS)]
+    index = {hour: i for i, hour in enumerate(hours)}
+    day = now - RECENT
+
+    # Stops by reason over 7 days and 24 hours, and stops per hour, in one pass over the
+    # week's stops: grouped by reason and by the hour of each stop of the last 24 hours
+    # (NULL for the older ones), at most (reasons x 25) rows.
+    stops = (
+        Task.objects.filter(_stopped_since(now - STOPS_WEEK))
+        .annotate(
+            hour=Case(
+                When(finished_at__gte=day, then=TruncHour("finished_at", tzinfo=UTC)),
+                default=None,
+            )
+        )
+        .values("reason", "hour")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    week: dict[str, int] = {}
+    today: dict[str, int] = {}
+    finished = [0] * TREND_HOURS
+    for stop in stops:
+        reason, n = str(stop["reason"]), int(stop["n"])
+        week[reason] = week.get(reason, 0) + n
+        if stop["hour"] is not None:
+            today[reason] = today.get(reason, 0) + n
+            # The hour before the first charted one holds the window's first minutes.
+            if (i := index.get(_hour_utc(stop["hour"]))) is not None:
+                finished[i] += n
+
+    started = [0] * TREND_HOURS
+    for start in (
+        Task.objects.filter(created_at__gte=hours[0])
+        .annotate(hour=TruncHour("created_at", tzinfo=UTC))
+        .values("hour")
+        .annotate(n=Count("id"))
+        .order_by()
+    ):
+        if (i := index.get(start["hour"])) is not None:
+            started[i] = int(start["n"])
+
+    p50: list[int | None] = [None] * TREND_HOURS
+    p95: list[int | None] = [None] * TREND_HOURS
+    note = ""
+    if connection.vendor == "postgresql":
+        for step in (
+            TraceEvent.objects.filter(at__gte=hours[0], latency_ms__isnull=False)
+            .annotate(hour=TruncHour("at", tzinfo=UTC))
+            .values("hour")
+            .annotate(p50=_Percentile("latency_ms", 0.5), p95=_Percentile("latency_ms", 0.95))
+            .order_by()
+        ):
+            if (i := index.get(step["hour"])) is not None:
+                p50[i], p95[i] = round(step["p50"]), round(step["p95"])
+    else:
+        note = "Step latency percentiles need PostgreSQL; this console runs on SQLite."
+    return Trends(
+        at=now,
+        stops_day=_most_first(today),
+        stops_week=_most_first(week),
+        hours=hours,
+        started=started,
+        finished=finished,
+        latency_p50=p50,
+        latency_p95=p95,
+        latency_note=note,
+    )
+
+
+def _most_first(counts: Mapping[str, int]) -> list[tuple[str, int]]:
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
+def _hour_utc(hour: datetime) -> datetime:
+    # Inside CASE, date_trunc's value skips TruncHour's conversion: PostgreSQL hands back
+    # the UTC wall time without a zone (SQLite's converter adds one).
+    return hour.replace(tzinfo=UTC) if hour.tzinfo is None else hour.astimezone(UTC)

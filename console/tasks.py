@@ -7,7 +7,7 @@ import logging
 from celery import shared_task
 from django.db import close_old_connections
 
-from . import runner
+from . import notifications, runner
 
 logger = logging.getLogger(__name__)
 
@@ -31,3 +31,25 @@ def sweep() -> dict[str, int]:
     if any(counts.values()):
         logger.info("sweep: %s", counts)
     return counts
+
+
+@shared_task(name="console.tasks.notify")  # type: ignore[untyped-decorator]
+def notify() -> int:
+    """Route notification events into notices and hand each due notice to a delivery
+    (beat runs it every few seconds; safe to run twice: rows are claimed, not assumed)."""
+    close_old_connections()
+    due = notifications.notify()
+    for notice_id in due:
+        deliver_notice.delay(notice_id)
+    return len(due)
+
+
+@shared_task(name="console.tasks.deliver_notice")  # type: ignore[untyped-decorator]
+def deliver_notice(notice_id: int) -> str:
+    """Try one notice once (safe to deliver twice: the claim admits one try at a time; a
+    failed try waits for a later pass of :func:`notify`)."""
+    close_old_connections()
+    try:
+        return notifications.deliver(notice_id)
+    finally:
+        close_old_connections()

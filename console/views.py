@@ -8,6 +8,7 @@ a clear message, never as a second action or a server error.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 from collections.abc import Callable, Iterator, Mapping
 from functools import wraps
@@ -82,10 +83,37 @@ def _list(
     page: Page[Any],
     choices: Mapping[str, Any],
 ) -> HttpResponse:
-    """A filtered list: the whole page, or only its ``results`` when htmx filters it;
-    ``choices`` are what its filter form offers."""
-    context = {"filters": filters, "query": filters.as_query(), "page": page, **choices}
-    return _page(request, template, context, frozenset({"results"}))
+    """A filtered list: the whole page, or only its ``results`` when htmx filters it or
+    polls it (:func:`_unchanged`); ``choices`` are what its filter form offers."""
+    context = {
+        "filters": filters,
+        "query": filters.as_query(),
+        "page": page,
+        "version": VERSION_MARK,
+        **choices,
+    }
+    return _unchanged(request, _page(request, template, context, frozenset({"results"})))
+
+
+VERSION_MARK = "0-version-of-this-region-0"
+"""Where a live region's poll URL carries the version of what it shows (see ``_unchanged``)."""
+
+
+def _unchanged(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    """A live region polls with the version of what it shows (``?v=``, a hash of the
+    region as last rendered): unchanged since, the answer is a 204 without a body, which
+    htmx leaves as it is; changed, the region comes back with its new version. A whole
+    page carries no version, so its first poll always brings the region once."""
+    htmx = getattr(request, "htmx", None)
+    content = response.content.decode()
+    if not htmx or response.status_code != 200 or VERSION_MARK not in content:
+        response.content = content.replace(VERSION_MARK, "").encode()
+        return response
+    version = hashlib.sha256(content.encode()).hexdigest()[:16]
+    if request.GET.get("v") == version:
+        return HttpResponse(status=204)
+    response.content = content.replace(VERSION_MARK, version).encode()
+    return response
 
 
 def _can(request: HttpRequest) -> dict[str, bool]:
@@ -152,7 +180,9 @@ def task_live(request: HttpRequest, task_id: int) -> HttpResponse:
 def task_report_json(request: HttpRequest, task_id: int) -> HttpResponse:
     missing = f"there is no stop report for task {task_id} (yet)"
     stored = _found(selectors.latest_report(task_id), missing)
-    response = JsonResponse(stored.report, json_dumps_params={"indent": 2, "ensure_ascii": False})
+    response = JsonResponse(
+        selectors.report_document(stored), json_dumps_params={"indent": 2, "ensure_ascii": False}
+    )
     response["Content-Disposition"] = f'attachment; filename="task-{task_id}-stop-report.json"'
     return response
 
@@ -235,7 +265,21 @@ def task_new(request: HttpRequest) -> HttpResponse:
 @require_GET
 @requires(Capability.READ)
 def operations(request: HttpRequest) -> HttpResponse:
-    return _page(request, "console/operations.html", {"queue": selectors.reconciliation()})
+    htmx = getattr(request, "htmx", None)
+    if htmx and htmx.target == "queue-live":
+        # The queue's rows hold forms a reconciler may be typing into: they are not
+        # swapped under them. Its live region only says that the queue changed.
+        version = selectors.reconciliation_version()
+        if request.GET.get("v") == version:
+            return HttpResponse(status=204)
+        context = {"version": version, "changed": True}
+        return _page(request, "console/operations.html#queue-live", context)
+    queue = selectors.reconciliation()
+    return _page(
+        request,
+        "console/operations.html",
+        {"queue": queue, "version": selectors.reconciliation_version()},
+    )
 
 
 @require_POST

@@ -24,6 +24,7 @@ LOOPGUARD_MODEL_RETRIES = 0
 LOOPGUARD_LEASE_SECONDS = 2.0
 LOOPGUARD_SWEEP_SECONDS = 1.0
 CELERY_BEAT_SCHEDULE = {
-    "recover-expired-leases": {"task": "console.tasks.sweep", "schedule": LOOPGUARD_SWEEP_SECONDS}
+    "recover-expired-leases": {"task": "console.tasks.sweep", "schedule": LOOPGUARD_SWEEP_SECONDS},
+    "deliver-notifications": {"task": "console.tasks.notify", "schedule": 1.0},
 }
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast test users

@@ -38,6 +38,8 @@ LAYERS: dict[str, int] = {
     "console.ledger": 4,
     "console.runner": 4,
     "console.tasks": 4,
+    # Notifications' outbox and delivery: below the Celery tasks that run it.
+    "console.notifications": 4,
     # What people and clients ask for: services (writes), selectors (reads) and their kin.
     "console.services": 5,
     "console.selectors": 5,
@@ -48,10 +50,12 @@ LAYERS: dict[str, int] = {
     # HTTP: pages and the JSON API.
     "console.forms": 6,
     "console.views": 6,
+    "console.notification_views": 6,
     "console.api_views": 6,
     "console.api": 6,
     "console.openapi": 6,
     "console.templatetags": 6,
+    "console.charts": 6,
     # The demo app: a business system and agents, started like any other agents.
     "console.demo": 7,
     # Entry points and configuration.

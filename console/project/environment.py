@@ -116,6 +116,10 @@ def _likely(name: str, known: set[str]) -> str | None:
     for prefix in _PREFIXES:
         if prefix + bare in known:
             return prefix + bare
+    # Names we read without a prefix, as Django spells them (EMAIL_HOST): DJANGO_EMAIL_HOST
+    # or LOOPGUARD_EMAIL_HOST is someone reaching for that one.
+    if bare in known:
+        return bare
     close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
     return close[0] if close else None
 

@@ -168,6 +168,9 @@ INSTALLED_APPS = [
     "console.demo",
 ]
 
+# A form refused by the CSRF check gets the console's page, with its navigation.
+CSRF_FAILURE_VIEW = "console.project.pages.csrf_failure"
+
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -181,6 +184,9 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Pages in the viewer's time zone; the console's own 404 page in development too.
+    "console.project.pages.ViewerTimeZone",
+    "console.project.pages.BrandedNotFound",
     # After WhiteNoise (which answers static files itself, with their long cache lifetime):
     # every page, export and API answer is private to the person who asked for it.
     "console.project.security.NoStoreMiddleware",
@@ -266,6 +272,8 @@ TEMPLATES = [
                 "django.template.context_processors.csp",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                # Whether the navigation offers the notifications page (admins only).
+                "console.notification_views.navigation",
             ],
         },
     },
@@ -391,6 +399,64 @@ if LOOPGUARD_METRICS_TOKEN and (
 ):
     raise ImproperlyConfigured("LOOPGUARD_METRICS_TOKEN must be a secret of 16+ characters")
 
+# -- Notifications (console/notifications.py; docs/operator-guide.md, "Notifications") -----
+# The console's address as people reach it (https://console.example.com), so that a notice
+# links straight to the page to act on. Unset, notices carry paths (/tasks/42/) only, and
+# the notifications page says so.
+LOOPGUARD_PUBLIC_URL = env_str("LOOPGUARD_PUBLIC_URL", "").rstrip("/")
+if LOOPGUARD_PUBLIC_URL and (
+    urlsplit(LOOPGUARD_PUBLIC_URL).scheme not in {"http", "https"}
+    or not urlsplit(LOOPGUARD_PUBLIC_URL).netloc
+    or urlsplit(LOOPGUARD_PUBLIC_URL).query
+):
+    raise ImproperlyConfigured(
+        f"LOOPGUARD_PUBLIC_URL={LOOPGUARD_PUBLIC_URL!r} must be an http(s) address such as "
+        "https://console.example.com"
+    )
+# A write still UNKNOWN this long after it became so is told about (once per operation).
+LOOPGUARD_NOTIFY_UNKNOWN_AFTER_MINUTES = env_float("LOOPGUARD_NOTIFY_UNKNOWN_AFTER_MINUTES", 30.0)
+# Events of one kind within this many seconds of the first go out as one notice per channel.
+LOOPGUARD_NOTIFY_BATCH_SECONDS = env_int("LOOPGUARD_NOTIFY_BATCH_SECONDS", 60)
+# How often beat looks for events to route and notices to deliver.
+LOOPGUARD_NOTIFY_SECONDS = env_float("LOOPGUARD_NOTIFY_SECONDS", 10.0)
+# Tries per notice (the first included), the wait before the second (doubled each time
+# after), and how long one try may take.
+LOOPGUARD_NOTIFY_ATTEMPTS = env_int("LOOPGUARD_NOTIFY_ATTEMPTS", 5)
+LOOPGUARD_NOTIFY_BACKOFF_SECONDS = env_float("LOOPGUARD_NOTIFY_BACKOFF_SECONDS", 30.0)
+LOOPGUARD_NOTIFY_TIMEOUT_SECONDS = env_float("LOOPGUARD_NOTIFY_TIMEOUT_SECONDS", 10.0)
+if LOOPGUARD_NOTIFY_BATCH_SECONDS < 0 or LOOPGUARD_NOTIFY_ATTEMPTS < 1:
+    raise ImproperlyConfigured(
+        "LOOPGUARD_NOTIFY_BATCH_SECONDS must be at least 0 and LOOPGUARD_NOTIFY_ATTEMPTS at least 1"
+    )
+# Email notices go through Django's mailer ("default" in MAILERS), made from the EMAIL_*
+# variables. Without EMAIL_HOST there is no mailer and no email is sent (an email channel's
+# tries fail and say so); webhooks need none of these.
+_EMAIL_HOST = env_str("EMAIL_HOST", "")
+_EMAIL_OPTIONS: dict[str, object] = {
+    "host": _EMAIL_HOST,
+    "port": env_int("EMAIL_PORT", 25),
+    "username": env_str("EMAIL_HOST_USER", ""),
+    "password": env_str("EMAIL_HOST_PASSWORD", ""),
+    "use_tls": env_bool("EMAIL_USE_TLS", False),
+    "use_ssl": env_bool("EMAIL_USE_SSL", False),
+    "timeout": env_float("EMAIL_TIMEOUT", 10.0),
+}
+if _EMAIL_OPTIONS["use_tls"] and _EMAIL_OPTIONS["use_ssl"]:
+    raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL cannot both be on: choose one")
+MAILERS: dict[str, dict[str, object]] = (
+    {
+        "default": {
+            "BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+            "OPTIONS": _EMAIL_OPTIONS,
+        }
+    }
+    if _EMAIL_HOST
+    else {}
+)
+DEFAULT_FROM_EMAIL = env_str("EMAIL_FROM", "loopguard@localhost")
+# No mailer is a choice (no email channels), not a mistake worth a warning on every command.
+SILENCED_SYSTEM_CHECKS = [] if MAILERS else ["mail.W001"]
+
 # -- Celery ---------------------------------------------------------------------------------
 # Why these values: a task message only carries a task id, and the runner's lease makes a
 # second delivery harmless (it finds the lease held or the task finished). So we acknowledge
@@ -435,11 +501,17 @@ CELERY_BEAT_SCHEDULE = {
         "task": "console.tasks.sweep",
         "schedule": LOOPGUARD_SWEEP_SECONDS,
     },
+    # Route notification events into notices and deliver what is due; safe at any time.
+    "deliver-notifications": {
+        "task": "console.tasks.notify",
+        "schedule": LOOPGUARD_NOTIFY_SECONDS,
+    },
 }
-# Beat keeps its schedule in memory: its one entry is a sweep every few seconds that is safe
-# to run at any time, so there is nothing worth remembering across a restart. (The default,
-# persistent scheduler keeps a shelve file; on Python 3.13 that is SQLite, which we have seen
-# fail with "locking protocol" at start, and a beat that does not start recovers nothing.)
+# Beat keeps its schedule in memory: its entries (the sweep, the notifier) run every few
+# seconds and are safe to run at any time, so there is nothing worth remembering across a
+# restart. (The default, persistent scheduler keeps a shelve file; on Python 3.13 that is
+# SQLite, which we have seen fail with "locking protocol" at start, and a beat that does not
+# start recovers nothing.)
 CELERY_BEAT_SCHEDULER = "celery.beat:Scheduler"
 
 # -- Names that look like ours but are not read -----------------------------------------------

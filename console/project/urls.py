@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from console import metrics, views
+from console import metrics, notification_views, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -19,6 +19,18 @@ urlpatterns = [
     path("operations/<path:key>/lookup", views.operation_lookup, name="operation-lookup"),
     path("audit/", views.audit, name="audit"),
     path("audit.<str:fmt>", views.audit_export, name="audit-export"),
+    path("notifications/", notification_views.notifications_page, name="notifications"),
+    path("notifications/channels", notification_views.channel_add, name="notification-add"),
+    path(
+        "notifications/<int:channel_id>/test",
+        notification_views.channel_test,
+        name="notification-test",
+    ),
+    path(
+        "notifications/<int:channel_id>/remove",
+        notification_views.channel_remove,
+        name="notification-remove",
+    ),
     path("login", auth_views.LoginView.as_view(), name="login"),
     path("logout", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", views.healthz, name="healthz"),

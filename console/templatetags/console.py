@@ -10,7 +10,7 @@ from django import template
 from django.utils import timezone
 
 from console.models import Task
-from console.selectors import Gauge, gauges
+from console.selectors import Gauge, ReportBudget, gauges, report_budgets
 
 register = template.Library()
 
@@ -59,6 +59,12 @@ def task_gauges(task: Task) -> list[Gauge]:
     return gauges(task)
 
 
+@register.filter(name="report_budgets")
+def stop_report_budgets(report: Any) -> list[ReportBudget]:
+    """A stop report's budgets, spent and left (:func:`console.selectors.report_budgets`)."""
+    return report_budgets(report if isinstance(report, dict) else {})
+
+
 @register.filter
 def gauge_value(gauge: Any) -> str:
     """``used / limit`` with the right units."""
@@ -79,3 +85,77 @@ def compact_json(value: Any) -> str:
 def as_json(value: Any) -> str:
     """Pretty JSON text (the template escapes it like any other text)."""
     return json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=False)
+
+
+# -- dashboard charts (drawn by console.charts from console.selectors.Trends) ------------------
+
+
+def _ms(value: float) -> str:
+    return duration(round(value))
+
+
+def _hour_labels(hours: list[datetime]) -> list[str]:
+    return [f"{timezone.localtime(hour):%H:%M}" for hour in hours]
+
+
+@register.simple_tag
+def stops_chart(rows: list[tuple[str, int]], window: str) -> str:
+    """Tasks stopped in ``window`` (``last 24 h``) by stop reason, as a bar chart."""
+    from console import charts
+
+    return charts.bars(
+        rows, title=f"Stops by reason, {window}", css="bar-stops", head=("reason", "tasks")
+    )
+
+
+@register.simple_tag
+def activity_chart(trends: Any) -> str:
+    """Tasks started and finished per hour over the last 24 hours, as a column chart."""
+    from console import charts
+
+    return charts.columns(
+        _hour_labels(trends.hours),
+        [
+            charts.Series("started", "bar-started", trends.started),
+            charts.Series("finished", "bar-finished", trends.finished),
+        ],
+        title="Tasks started and finished per hour",
+        head="hour",
+    )
+
+
+@register.simple_tag
+def latency_chart(trends: Any) -> str:
+    """Step latency per hour, p95 with p50 drawn inside it; a note where it cannot be had."""
+    from console import charts
+
+    return charts.columns(
+        _hour_labels(trends.hours),
+        [
+            charts.Series("p95", "bar-p95", trends.latency_p95),
+            charts.Series("p50", "bar-p50", trends.latency_p50),
+        ],
+        title="Step latency per hour (model calls and tool requests)",
+        fmt=_ms,
+        overlay=True,
+        head="hour",
+        empty=trends.latency_note or charts.EMPTY,
+    )
+
+
+@register.simple_tag
+def uncertain_chart(operations: list[Any]) -> str:
+    """How long each uncertain write has waited for a reconciler, oldest first."""
+    from console import charts
+
+    now = timezone.now()
+    rows = [(op.key, max(1.0, (now - op.updated_at).total_seconds())) for op in operations]
+    oldest = f" (oldest: {age(operations[0].updated_at)})" if operations else ""
+    return charts.bars(
+        rows,
+        title=f"Age of uncertain writes{oldest}",
+        fmt=lambda seconds: age(timedelta(seconds=seconds)),
+        css="bar-uncertain",
+        head=("operation", "uncertain for"),
+        empty="No write is in doubt.",
+    )

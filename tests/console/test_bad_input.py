@@ -359,7 +359,7 @@ def test_a_nan_result_in_the_resolve_form_is_a_field_error_that_keeps_what_was_t
         response
     )
     (row,) = response.context["queue"].rows
-    assert row.typed == form
+    assert row.typed == {**form, "override": ""}  # every field of the form, as typed
     uncertain.refresh_from_db()
     assert uncertain.state == OperationState.UNKNOWN
     assert not AuditEntry.objects.exists()

@@ -44,7 +44,8 @@ from django.urls.resolvers import RegexPattern
 from console import openapi, services
 from console.demo.desk import seed_demo_data
 from console.forms import ResolveForm, ResumeForm, StartForm, StopForm
-from console.models import AuditAction, AuditEntry, Operation, Task
+from console.models import AuditAction, AuditEntry, NotificationChannel, Operation, Task
+from console.notification_views import ChannelForm, ReasonForm
 from console.roles import assign
 from console.tokens import api_token_issue
 
@@ -122,6 +123,7 @@ class World:
     op: Operation  # the UNKNOWN write
     users: dict[str, User]  # by persona
     secrets: dict[str, str]  # by persona: an API token of theirs
+    channel_id: int = 0  # a notification channel (a webhook nobody listens to)
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +151,15 @@ def world(django_db_setup: None, django_db_blocker: Any) -> Iterator[World]:
             assign(user, roles)
             secrets[name] = api_token_issue(user=user, name="every-endpoint")[1]
         secrets[BAD_TOKEN] = "lg_not-a-token"
+        channel = NotificationChannel.objects.create(
+            name="sweep",
+            transport="webhook",
+            url="http://127.0.0.1:9/hook",
+            secret="a-secret-for-the-sweep",
+            kinds=["needs_human"],
+        )
         try:
-            yield World(queued, stopped, uncertain, op, users, secrets)
+            yield World(queued, stopped, uncertain, op, users, secrets, channel.id)
         finally:
             call_command("flush", interactive=False, verbosity=0)
 
@@ -221,10 +230,17 @@ def path_values(route: Route, w: World) -> dict[str, dict[str, str]]:
             "uncertain": str(w.uncertain.id),
         },
         "key": {"real": w.op.key},
+        "channel_id": {"real": str(w.channel_id)},
         "fmt": {"csv": "csv", "json": "json"},
         "rest": {"nothing": "", "unknown-path": "no/such/endpoint"},
     }
-    unknown = {"task_id": "987654321", "key": "no/such/key", "fmt": "xml", "rest": "tasks/x"}
+    unknown = {
+        "task_id": "987654321",
+        "key": "no/such/key",
+        "channel_id": "987654321",
+        "fmt": "xml",
+        "rest": "tasks/x",
+    }
     out: dict[str, dict[str, str]] = {}
     for name in route.parameters:
         values = dict(real.get(name, {"any": "x"}))
@@ -239,6 +255,7 @@ def primary(route: Route, w: World) -> dict[str, str]:
     by_name = {
         "task_id": str(w.stopped.id if "resume" in route.name else w.queued.id),
         "key": w.op.key,
+        "channel_id": str(w.channel_id),
         "fmt": "csv",
         "rest": "no/such/endpoint",
     }
@@ -337,6 +354,9 @@ FORMS: dict[str, type[forms.Form] | None] = {
     "login": AuthenticationForm,
     "operation-lookup": None,
     "logout": None,
+    "notification-add": ChannelForm,
+    "notification-test": ReasonForm,
+    "notification-remove": ReasonForm,
 }
 TEXT_BAD = {"nul": "a\x00b", "huge": "x" * MIB, "empty": ""}
 JSON_BAD = {  # bad whatever the field: not a value, too deep, or not storable

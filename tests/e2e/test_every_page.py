@@ -19,7 +19,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
-from playwright.sync_api import Page
+from playwright.sync_api import Page, expect
 
 from console import runner
 from console.models import Operation, OperationState, TaskState
@@ -166,6 +166,7 @@ def page_urls(objects: dict[str, Any], user: User) -> list[str]:
     values: dict[str, list[Any]] = {
         "task_id": [task.id for task in objects["tasks"]],
         "key": [objects["operation"].key],
+        "channel_id": [1],  # the notification routes take POSTs only: their GETs are 405
     }
     found: list[str] = []
     for name, pattern in _patterns(get_resolver().url_patterns):
@@ -228,3 +229,16 @@ def test_a_wide_trace_scrolls_inside_its_box_not_the_page(
     assert inner >= outer  # the trace may be wider than the screen; its box scrolls
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
     assert box.evaluate("(el) => getComputedStyle(el).overflowX") == "auto"
+
+
+def test_a_browser_in_tokyo_sees_tokyo_times_and_is_told_so(
+    console: Console, everyone: User, objects: dict[str, Any]
+) -> None:
+    task = objects["tasks"][0]
+    page = console.sign_in(everyone, timezone_id="Asia/Tokyo")
+
+    page.goto(f"/tasks/{task.id}/")
+
+    # The first page tells the console the browser's zone (a cookie) and reloads once.
+    expect(page.locator("footer")).to_contain_text("Times are shown in Asia/Tokyo")
+    expect(page.locator("#facts")).to_contain_text(" JST")
