@@ -22,6 +22,22 @@ class StopForm(forms.Form):
     )
 
 
+class BulkForm(forms.Form):
+    """One action on many tasks of the task list: those ticked on the page, or every task
+    the list's filters match (``query``: the list's query string), with one reason."""
+
+    ACTIONS = [
+        ("stop", "Stop or cancel"),
+        ("resume", "Approve resumption"),
+    ]
+    # "selected" first: a form that names no task changes nothing.
+    SCOPES = [("selected", "The tasks ticked"), ("matching", "Every task the filters match")]
+    action = forms.ChoiceField(choices=ACTIONS)
+    scope = forms.ChoiceField(choices=SCOPES)
+    reason = forms.CharField(max_length=4000, help_text=REASON_HELP)
+    query = forms.CharField(max_length=4000, required=False)
+
+
 class ResolveForm(forms.Form):
     DECISIONS = [
         ("committed", "It happened (mark committed)"),

@@ -292,6 +292,11 @@ def tasks(filters: TaskFilters) -> QuerySet[Task]:
     return qs.order_by("-created_at", "-id")
 
 
+def task_ids(filters: TaskFilters, *, limit: int) -> list[int]:
+    """The ids of the tasks the list's ``filters`` match, newest first, at most ``limit``."""
+    return list(tasks(filters).values_list("id", flat=True)[:limit])
+
+
 def task_page(filters: TaskFilters, number: Any) -> Page[Task]:
     """One page of the task list (a bad page number gives the nearest page)."""
     return Paginator(tasks(filters), TASKS_PER_PAGE).get_page(number)

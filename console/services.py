@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any
 
@@ -223,6 +223,56 @@ def task_stop(*, task_id: int, actor: User, reason: str) -> Task:
 
 
 # -- reconciliation --------------------------------------------------------------------------
+
+
+BULK_LIMIT = 200
+"""Tasks one bulk action changes at the most; the rest wait for the next one."""
+
+
+@dataclass(frozen=True)
+class BulkOutcome:
+    """What one action on many tasks did: the tasks it changed, those it could not (with
+    why), and how many it left for another run (past :data:`BULK_LIMIT`)."""
+
+    changed: list[int]
+    refused: dict[int, str]
+    left: int = 0
+
+
+def tasks_stop(*, task_ids: Sequence[int], actor: User, reason: str) -> BulkOutcome:
+    """:func:`task_stop` for each task, each its own conditional move and audit entry;
+    one that cannot be stopped (already stopped, unknown) is named with why."""
+    reason = _required(reason)  # once, for all: a bad reason changes nothing
+    return _each(task_ids, lambda task_id: task_stop(task_id=task_id, actor=actor, reason=reason))
+
+
+def tasks_approve_resumption(
+    *, task_ids: Sequence[int], actor: User, reason: str, enqueue: Enqueue = _enqueue
+) -> BulkOutcome:
+    """:func:`task_approve_resumption` for each task, with no budget grant: a task with an
+    uncertain write, or out of a budget that needs an explicit grant, is refused (and
+    named) as it would be alone."""
+    reason = _required(reason)
+    return _each(
+        task_ids,
+        lambda task_id: task_approve_resumption(
+            task_id=task_id, actor=actor, reason=reason, enqueue=enqueue
+        ),
+    )
+
+
+def _each(task_ids: Sequence[int], act: Callable[[int], Any]) -> BulkOutcome:
+    unique = list(dict.fromkeys(task_ids))
+    changed: list[int] = []
+    refused: dict[int, str] = {}
+    for task_id in unique[:BULK_LIMIT]:
+        try:
+            act(task_id)
+        except ServiceError as exc:
+            refused[task_id] = str(exc)
+        else:
+            changed.append(task_id)
+    return BulkOutcome(changed, refused, max(0, len(unique) - BULK_LIMIT))
 
 
 def operation_mark_committed(
@@ -537,6 +587,8 @@ def _audit(
 
 
 __all__ = [
+    "BULK_LIMIT",
+    "BulkOutcome",
     "InvalidInput",
     "LookupDisagrees",
     "NotFound",
@@ -549,4 +601,6 @@ __all__ = [
     "task_approve_resumption",
     "task_start",
     "task_stop",
+    "tasks_approve_resumption",
+    "tasks_stop",
 ]

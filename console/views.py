@@ -26,6 +26,7 @@ from django.http import (
     HttpResponse,
     HttpResponseBase,
     JsonResponse,
+    QueryDict,
     StreamingHttpResponse,
 )
 from django.shortcuts import redirect, render
@@ -37,7 +38,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseClientRefresh, HttpResponseStopPolling
 
 from . import health, selectors, services
-from .forms import ResolveForm, ResumeForm, StartForm, StopForm
+from .forms import BulkForm, ResolveForm, ResumeForm, StartForm, StopForm
 from .inputs import key_problem
 from .models import STOP_REASONS, AuditAction, TaskState
 from .roles import Capability, can, capabilities_of
@@ -146,8 +147,59 @@ def task_list(request: HttpRequest) -> HttpResponse:
         "states": TaskState.values,
         "reasons": STOP_REASONS,
         "agents": selectors.agent_choices(),
+        # Rows get a box to tick, and the page the bulk form, for those who may act on them.
+        "selectable": can(request.user, Capability.STOP) or can(request.user, Capability.APPROVE),
     }
     return _list(request, "console/tasks.html", filters, page, choices)
+
+
+@require_POST
+@requires(Capability.READ)
+def task_bulk(request: HttpRequest) -> HttpResponse:
+    """One action on many tasks of the list; each task is changed (and audited) on its own,
+    and the list says which could not be and why."""
+    form = BulkForm(request.POST)
+    back = reverse("tasks")
+    if not form.is_valid():
+        errors = "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items())
+        return _done(request, messages.ERROR, f"Nothing was changed: {errors}", back)
+    data = form.cleaned_data
+    query = QueryDict(data["query"])
+    back = f"{back}?{query.urlencode()}" if query else back
+    needed = Capability.APPROVE if data["action"] == "resume" else Capability.STOP
+    if not can(request.user, needed):
+        raise PermissionDenied(f"this needs the {needed} permission")
+    if data["scope"] == "matching":
+        filters = selectors.TaskFilters.from_query(query)
+        if filters.errors:
+            return _done(
+                request, messages.ERROR, "Nothing was changed: the filters are wrong.", back
+            )
+        ids = selectors.task_ids(filters, limit=services.BULK_LIMIT + 1)
+    else:
+        ids = [int(raw) for raw in request.POST.getlist("task") if raw.isdigit() and len(raw) < 19]
+    if not ids:
+        return _done(request, messages.WARNING, "Nothing was changed: no task was chosen.", back)
+    act = services.tasks_approve_resumption if needed is Capability.APPROVE else services.tasks_stop
+    try:
+        outcome = act(task_ids=ids, actor=_person(request), reason=data["reason"])
+    except services.ServiceError as exc:
+        return _done(request, messages.ERROR, f"Nothing was changed: {exc}", back)
+    verb = "resumption approved for" if needed is Capability.APPROVE else "stopped or cancelled"
+    if outcome.changed:
+        listed = ", ".join(f"#{i}" for i in outcome.changed[:20])
+        more = f" and {len(outcome.changed) - 20} more" if len(outcome.changed) > 20 else ""
+        messages.success(request, f"{len(outcome.changed)} task(s) {verb}: {listed}{more}.")
+    for task_id, why in list(outcome.refused.items())[:20]:
+        messages.warning(request, f"#{task_id} was not changed: {why}")
+    if len(outcome.refused) > 20:
+        messages.warning(request, f"…and {len(outcome.refused) - 20} more were not changed.")
+    if outcome.left:
+        messages.info(
+            request,
+            f"Only {services.BULK_LIMIT} tasks are changed at a time; run it again for the rest.",
+        )
+    return redirect(back)
 
 
 @require_GET

@@ -9,6 +9,7 @@ urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("tasks/", views.task_list, name="tasks"),
     path("tasks/new", views.task_new, name="task-new"),
+    path("tasks/bulk", views.task_bulk, name="task-bulk"),
     path("tasks/<int:task_id>/", views.task_detail, name="task"),
     path("tasks/<int:task_id>/live", views.task_live, name="task-live"),
     path("tasks/<int:task_id>/report.json", views.task_report_json, name="task-report"),

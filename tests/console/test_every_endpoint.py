@@ -43,7 +43,7 @@ from django.urls.resolvers import RegexPattern
 
 from console import openapi, services
 from console.demo.desk import seed_demo_data
-from console.forms import ResolveForm, ResumeForm, StartForm, StopForm
+from console.forms import BulkForm, ResolveForm, ResumeForm, StartForm, StopForm
 from console.models import AuditAction, AuditEntry, NotificationChannel, Operation, Task
 from console.notification_views import ChannelForm, ReasonForm
 from console.roles import assign
@@ -350,6 +350,7 @@ FORMS: dict[str, type[forms.Form] | None] = {
     "task-new": StartForm,
     "task-stop": StopForm,
     "task-resume": ResumeForm,
+    "task-bulk": BulkForm,
     "operation-resolve": ResolveForm,
     "login": AuthenticationForm,
     "operation-lookup": None,

@@ -242,3 +242,29 @@ def test_a_browser_in_tokyo_sees_tokyo_times_and_is_told_so(
     # The first page tells the console the browser's zone (a cookie) and reloads once.
     expect(page.locator("footer")).to_contain_text("Times are shown in Asia/Tokyo")
     expect(page.locator("#facts")).to_contain_text(" JST")
+
+
+def test_an_operator_ticks_a_task_with_the_keyboard_and_the_live_list_leaves_it_ticked(
+    console: Console, everyone: User, objects: dict[str, Any]
+) -> None:
+    from console.models import Task
+
+    doubt = task_start(agent="test_reader", input={"pages": 2}, enqueue=lambda task_id: None)
+    page = console.sign_in(everyone)
+    page.goto("/tasks/?state=QUEUED")
+    box = page.get_by_label(f"Select task #{doubt.id}")
+
+    box.focus()
+    page.keyboard.press("Space")
+    # Something on the list changes; its next polls would redraw it, but not under a tick.
+    Task.objects.filter(id=doubt.id).update(model_calls=41)
+    page.wait_for_timeout(6_500)
+    expect(box).to_be_checked()
+
+    page.get_by_label("Reason (for each task's audit entry)").fill("cancel the stuck one")
+    page.keyboard.press("Enter")
+
+    expect(page.locator(".messages")).to_contain_text(
+        f"1 task(s) stopped or cancelled: #{doubt.id}"
+    )
+    assert Task.objects.get(id=doubt.id).state == "CANCELLED"
