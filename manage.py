@@ -177,9 +177,65 @@ def model_extra() -> str:
     return "model" if os.environ.get("LOOPGUARD_MODEL_URL") else ""
 
 
+OVERVIEW = """\
+usage: python3 manage.py <command> [options]
+
+LoopGuard's one entry point. It finds a Python 3.12+, keeps .venv up to date (installing
+what a command needs the first time), then runs the command there.
+
+  up       start the console (web server, worker, beat) with its demo data; it uses
+           PostgreSQL and Redis when they answer and a standalone mode (SQLite, a broker in
+           folders) when they do not.  `python3 manage.py up --help` lists its options.
+  test     the whole test suite: ruff, mypy --strict, then pytest against the real
+           PostgreSQL and Redis (installs the dev extras, and Debian's chromium for the
+           browser tests).  `python3 manage.py help test` says more.
+  <other>  any Django management command (migrate, createsuperuser, start_task,
+           create_user, create_api_token, ...); `python3 manage.py help <command>` for one,
+           `python3 manage.py help --commands` for the list (these need .venv).
+
+Nothing is installed to show this text.
+"""
+
+TEST_HELP = """\
+usage: python3 manage.py test [pytest arguments]
+
+Runs, in order and stopping at the first that fails:
+  ruff check .      style and lint, the whole repository
+  mypy              --strict over guard/, console/ and benchmarks/
+  pytest ...        every test, against the real PostgreSQL and Redis named by
+                    DATABASE_URL and REDIS_URL (defaults: 127.0.0.1), with real Celery
+                    workers and headless Chromium; arguments are passed to pytest
+                    (for instance `-m "not slow"`, `tests/guard`, `-x`).
+
+Before it runs, .venv gets the project with its dev and model extras (the first time, or
+when pyproject.toml changed), and Debian's chromium package is installed if it is missing
+and this is root with apt (otherwise the browser tests are skipped, and say so).
+
+Nothing is installed to show this text.
+"""
+
+
+def wants_help(argv: list[str]) -> str | None:
+    """The help text a command line asks for that needs nothing installed, else None."""
+    args = argv[1:]
+    if not args or args[0] in ("-h", "--help") or args == ["help"]:
+        return OVERVIEW
+    asks_test = args[0] == "test" and any(a in ("-h", "--help") for a in args[1:])
+    if asks_test or args == ["help", "test"]:
+        return TEST_HELP
+    return None
+
+
 def main(argv: list[str]) -> None:
     """Dispatch `up`, `test` or a Django command."""
+    text = wants_help(argv)
+    if text is not None:
+        print(text, end="")
+        return
     command = argv[1] if len(argv) > 1 else ""
+    if len(argv) > 2 and command == "help" and argv[2] == "up":
+        argv = [argv[0], "up", "--help"]  # up's own options, from its parser
+        command = "up"
     if command == "test":
         ensure_environment("dev,model")  # the model agent's client is an extra its tests need
         run_tests(argv[2:])

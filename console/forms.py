@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -12,6 +14,7 @@ from guard.steps import DIMENSIONS
 
 from .agents import agent_names
 from .inputs import InputRefused, check_kept, load_json, unstorable
+from .services import MAX_TEXT_CHARS
 
 REASON_HELP = "Say why: it goes to the audit log with your name."
 
@@ -82,7 +85,10 @@ class ResumeForm(forms.Form):
         super().__init__(*args, **kwargs)
         for d in DIMENSIONS:
             self.fields[f"grant_{d.limit}"] = forms.IntegerField(
-                required=False, min_value=0, label=f"grant {d.label}"
+                required=False,
+                min_value=0,
+                label=f"More {d.label}",
+                help_text=f"On top of the {d.label} spent so far; empty: none more.",
             )
 
     def grant(self) -> dict[str, int]:
@@ -107,10 +113,15 @@ class StartForm(forms.Form):
         help_text='Budgets to override, a JSON object, e.g. {"model_calls": 10}. '
         "Known: " + ", ".join(f.name for f in fields(Limits)),
     )
+    # The rule of services.task_start, said the same in the API and the operator guide:
+    # optional, and at most MAX_TEXT_CHARS characters are kept.
     reason = forms.CharField(
-        max_length=4000,
+        required=False,
+        max_length=MAX_TEXT_CHARS,
         widget=forms.Textarea(attrs={"rows": 2}),
-        help_text=REASON_HELP,
+        help_text=f"Optional, at most {MAX_TEXT_CHARS:,} characters: why you start it. It goes "
+        'to the audit log with your name; left empty, the entry says "started from the '
+        'console".',
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -118,6 +129,28 @@ class StartForm(forms.Form):
         agent = self.fields["agent"]
         assert isinstance(agent, forms.ChoiceField)  # noqa: S101 - narrows the type
         agent.choices = [(name, name) for name in agent_names()]
+
+    def offer_example(self, examples: Mapping[str, str]) -> None:
+        """Re-shown after an error, the form holds the chosen agent's example input in place
+        of another agent's example left as it was (the agent was changed, not the input);
+        ``examples`` are the agents' example inputs as JSON text, by name. Typed input is
+        kept as typed."""
+        agent = str(self.data.get("agent", ""))
+        if not self.is_bound or agent not in examples:
+            return
+        typed = _parsed(str(self.data.get("input", "")))
+        mine = examples[agent]
+        if typed is None or typed == _parsed(mine):
+            return
+        other = next((n for n, e in examples.items() if n != agent and _parsed(e) == typed), None)
+        if other is None:
+            return
+        # After validation the errors stay as they were; only what the field shows changes.
+        self.data = {**self.data, "input": mine}
+        self.add_error(
+            "input",
+            f"That was {other}'s example input; here is {agent}'s. Check it and start again.",
+        )
 
     def _json_object(self, name: str, *, kept: bool = False) -> dict[str, Any]:
         raw = (self.cleaned_data.get(name) or "").strip() or "{}"
@@ -132,6 +165,15 @@ class StartForm(forms.Form):
 
     def clean_limits(self) -> dict[str, Any]:
         return self._json_object("limits")
+
+
+def _parsed(text: str) -> Any:
+    """``text`` as JSON, or ``None`` when it is not JSON (whitespace and key order aside,
+    two inputs are the same when their values are)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def _json_field(raw: str, *, kept: bool) -> Any:

@@ -10,7 +10,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -39,6 +39,8 @@ from guard.steps import DIMENSIONS, RESUME_CONDITIONS
 
 from .agents import UnknownAgent, agent_class
 from .models import (
+    ACTIVE_STATES,
+    STOP_REASONS,
     AuditAction,
     AuditEntry,
     Operation,
@@ -105,6 +107,10 @@ def gauges(task: Task) -> list[Gauge]:
 # -- dashboard ---------------------------------------------------------------------------------
 
 
+FINISHED = tuple(s for s in TaskState.values if s not in (*ACTIVE_STATES, TaskState.NEEDS_HUMAN))
+"""The states of the dashboard's "Recently stopped" box (``NEEDS_HUMAN`` has its own)."""
+
+
 @dataclass
 class Dashboard:
     counts: dict[str, int]
@@ -113,8 +119,23 @@ class Dashboard:
     uncertain: list[Operation]
     running: list[Task]
     recently_stopped: list[Task]
+    """Finished in ``RECENT``, the latest first: the same tasks ``counts`` counts."""
     budgets: tuple[str, ...] = tuple(d.label for d in GAUGED)
     """The running tasks' gauges, by their names for people (see :func:`gauges`)."""
+    uncertain_total: int = 0
+    """Every write the reconciliation queue holds (``uncertain`` shows the oldest few)."""
+
+    @property
+    def totals(self) -> dict[str, int]:
+        """How many each box holds in all, by box, for its "15 of 47". Its rows and the
+        counts are read a moment apart: a box never claims fewer than it shows."""
+        totals = {
+            "needs_human": self.counts[TaskState.NEEDS_HUMAN],
+            "uncertain": self.uncertain_total,
+            "running": self.counts[TaskState.RUNNING],
+            "recently_stopped": sum(self.counts[s] for s in FINISHED),
+        }
+        return {box: max(n, len(getattr(self, box))) for box, n in totals.items()}
 
     @cached_property
     def trends(self) -> Trends:
@@ -147,17 +168,22 @@ def dashboard(*, limit: int = 15) -> Dashboard:
         Task.objects.filter(state=TaskState.NEEDS_HUMAN).order_by("updated_at")[:limit]
     )
     running = list(Task.objects.filter(state=TaskState.RUNNING).order_by("-id")[:limit])
+    # Over the same window as the counts, so that the box's "15 of 47" counts what it lists.
     stopped = list(
-        Task.objects.filter(finished_at__isnull=False)
+        Task.objects.filter(finished_at__gte=timezone.now() - RECENT)
         .exclude(state=TaskState.NEEDS_HUMAN)
         .order_by("-finished_at")[:limit]
     )
+    uncertain = reconciliation_queue(limit=limit)
+    # Counted only when the box is full; the partial index operation_unsettled serves it.
+    uncertain_total = reconciliation_count() if len(uncertain) == limit else len(uncertain)
     return Dashboard(
         counts=counts,
         needs_human=needs_human,
-        uncertain=reconciliation_queue(limit=limit),
+        uncertain=uncertain,
         running=running,
         recently_stopped=stopped,
+        uncertain_total=uncertain_total,
     )
 
 
@@ -227,19 +253,35 @@ class TaskFilters(_Filters):
 
     @classmethod
     def _read(cls, query: Mapping[str, str], errors: dict[str, str]) -> dict[str, Any]:
-        state = query.get("state", "").strip()
-        if state and state not in TaskState.values:
-            errors["state"] = f"unknown state {state!r}"
-            state = ""
+        # An agent no longer registered here cannot be chosen in the form either; its old
+        # tasks are still found by id or by listing every agent.
         return {
-            "state": state,
-            "reason": query.get("reason", "").strip()[:40],
-            "agent": query.get("agent", "").strip()[:100],
+            "state": _one_of(query, "state", TaskState.values, errors),
+            "reason": _one_of(query, "reason", STOP_REASONS, errors, word="stop reason"),
+            "agent": _one_of(query, "agent", settings.LOOPGUARD_AGENTS, errors),
             "q": query.get("q", "").strip()[:200],
         }
 
     def as_query(self) -> dict[str, str]:
         return {**super().as_query(), **({"q": self.q} if self.q else {})}
+
+
+def _one_of(
+    query: Mapping[str, str],
+    name: str,
+    allowed: Collection[str],
+    errors: dict[str, str],
+    *,
+    word: str = "",
+) -> str:
+    """The filter ``name`` if it is one of ``allowed`` (empty: not set). Anything else is
+    an error rather than a filter that matches nothing or, dropped silently, everything."""
+    value = query.get(name, "").strip()
+    if value and value not in allowed:
+        shown = value if len(value) <= 60 else f"{value[:60]}…"
+        errors[name] = f"unknown {word or name} {shown!r}"
+        return ""
+    return value
 
 
 def _without_nul(query: Any, errors: dict[str, str]) -> dict[str, str]:
@@ -441,6 +483,11 @@ class Resumption:
     condition: str
     """What must hold for it to resume."""
 
+    @property
+    def budget_label(self) -> str:
+        """The budget it ran out of, in words (``model calls``), for people."""
+        return next((d.label for d in DIMENSIONS if d.limit == self.budget), self.budget)
+
 
 def resumption(task_id: int) -> Resumption | None:
     """The resume page of a task, or ``None`` if there is no such task."""
@@ -487,13 +534,6 @@ def startable_agents() -> list[AgentCard]:
         cards.append(AgentCard(name, cls.title, cls.description, example))
     return cards
 
-
-def example_input(name: str) -> str | None:
-    """The example input of the agent registered as ``name`` as JSON text, or ``None``."""
-    try:
-        return json.dumps(dict(agent_class(name).example_input))
-    except UnknownAgent:
-        return None
 
 
 # -- operations --------------------------------------------------------------------------------
@@ -655,7 +695,7 @@ class AuditFilters(_Filters):
             errors["task"] = f"{raw_task!r} is not a task id"
         return {
             "actor": query.get("actor", "").strip()[:150],
-            "action": query.get("action", "").strip()[:40],
+            "action": _one_of(query, "action", AuditAction.values, errors),
             "task": task,
         }
 

@@ -512,7 +512,10 @@ START_TASK = Body("StartTask", "A task to start.", (
         kept=True,
     ),
     object_input("limits", "budgets to use instead of the defaults (guard.Limits' fields)"),
-    text_input("reason", "why; the audit entry names the token when this is empty"),
+    text_input(
+        "reason", "why, for the audit log: optional, at most 4,000 characters are kept; "
+        "when empty the audit entry names the token",
+    ),
 ))
 
 STOP_TASK = Body("StopTask", "Why the task must stop.", (

@@ -427,7 +427,8 @@ def task_approve_resumption(
             )
         needed = BUDGET_REASONS.get(task.reason)
         if needed and grant.get(needed, 0) <= 0:
-            raise Refused(f"the task ran out of {needed}: grant an explicit amount to resume")
+            label = next((d.label for d in DIMENSIONS if d.limit == needed), needed)
+            raise Refused(f"the task ran out of {label}: grant an explicit amount to resume")
         limits = dict(task.limits)
         for name, amount in grant.items():
             if name == "tokens" and limits.get("tokens") is None:

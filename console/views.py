@@ -24,6 +24,7 @@ from django.http import (
     Http404,
     HttpRequest,
     HttpResponse,
+    HttpResponseBadRequest,
     HttpResponseBase,
     JsonResponse,
     QueryDict,
@@ -254,11 +255,12 @@ def task_stop(request: HttpRequest, task_id: int) -> HttpResponse:
             )
         except services.ServiceError as exc:
             return _done(request, messages.WARNING, str(exc), _task_url(task_id))
-        text = (
-            f"Task {task_id} stopped."
-            if task.is_terminal
-            else f"Stop recorded: task {task_id} ends before its next step."
-        )
+        if not task.is_terminal:
+            text = f"Stop recorded: task {task_id} ends before its next step."
+        elif detail.task.can_cancel:
+            text = f"Task {task_id} cancelled."
+        else:
+            text = f"Task {task_id} stopped."
         return _done(request, messages.SUCCESS, text, _task_url(task_id))
     return _page(request, "console/stop.html", {"d": detail, "form": form})
 
@@ -290,9 +292,15 @@ def task_resume(request: HttpRequest, task_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @requires(Capability.START)
 def task_new(request: HttpRequest) -> HttpResponse:
+    """The start form (``?agent=`` picks the agent it opens on), and starting a task."""
+    agents = selectors.startable_agents()
+    examples = {card.name: card.example for card in agents}
+    # The form opens on an agent and an input that fit each other: the agent asked for (a
+    # link of the agents' table), else the first one, with its example input.
     name = request.GET.get("agent", "")
-    example = selectors.example_input(name) if name else None
-    initial = {"agent": name, "input": example} if example is not None else {}
+    if name not in examples:
+        name = next(iter(examples), "")
+    initial = {"agent": name, "input": examples[name]} if name else {}
     form = _bound(StartForm, request, initial=initial)
     if form.is_bound and form.is_valid():
         try:
@@ -307,7 +315,8 @@ def task_new(request: HttpRequest) -> HttpResponse:
             form.add_error(None, str(exc))
         else:
             return _done(request, messages.SUCCESS, f"Task {task.id} started.", _task_url(task.id))
-    context = {"form": form, "agents": selectors.startable_agents()}
+    form.offer_example(examples)
+    context = {"form": form, "agents": agents}
     return _page(request, "console/start.html", context)
 
 
@@ -409,10 +418,15 @@ def audit(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 @requires(Capability.READ)
-def audit_export(request: HttpRequest, fmt: str) -> StreamingHttpResponse:
+def audit_export(request: HttpRequest, fmt: str) -> HttpResponseBase:
     if fmt not in ("csv", "json"):
         raise Http404("the audit log exports as .csv or .json")
-    rows = selectors.audit_rows(selectors.AuditFilters.from_query(request.GET))
+    filters = selectors.AuditFilters.from_query(request.GET)
+    if filters.errors:
+        # An export of everything instead of what was asked for would be a silent lie.
+        wrong = "; ".join(f"{name}: {why}" for name, why in filters.errors.items())
+        return HttpResponseBadRequest(f"the export was not made: {wrong}")
+    rows = selectors.audit_rows(filters)
     stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
     if fmt == "json":
         response = StreamingHttpResponse(_json_lines(rows), content_type="application/json")

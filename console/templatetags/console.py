@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from console.models import Task
 from console.selectors import Gauge, ReportBudget, gauges, report_budgets
+from guard.steps import DIMENSIONS
 
 register = template.Library()
 
@@ -57,6 +58,15 @@ def duration(ms: Any) -> str:
 def task_gauges(task: Task) -> list[Gauge]:
     """The task's budget gauges (:func:`console.selectors.gauges`): no query of its own."""
     return gauges(task)
+
+
+@register.filter(name="grant_words")
+def grant_words(grant: Any) -> str:
+    """A resumption's budget grant in words: ``+5 model calls, +60000 time (ms)``."""
+    if not isinstance(grant, dict) or not grant:
+        return ""
+    labels = {d.limit: d.label for d in DIMENSIONS}
+    return ", ".join(f"+{amount} {labels.get(name, name)}" for name, amount in grant.items())
 
 
 @register.filter(name="report_budgets")

@@ -149,7 +149,7 @@ def test_budgets_carry_over_and_a_spent_budget_needs_an_explicit_grant(
     task.refresh_from_db()
     assert (task.state, task.reason, task.model_calls) == (TaskState.PARTIAL, "model_budget", 2)
 
-    with pytest.raises(services.Refused, match="model_calls"):
+    with pytest.raises(services.Refused, match="ran out of model calls"):
         services.task_approve_resumption(
             task_id=task.id, actor=operator, reason="more", enqueue=lambda i: None
         )

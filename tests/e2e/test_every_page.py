@@ -268,3 +268,15 @@ def test_an_operator_ticks_a_task_with_the_keyboard_and_the_live_list_leaves_it_
         f"1 task(s) stopped or cancelled: #{doubt.id}"
     )
     assert Task.objects.get(id=doubt.id).state == "CANCELLED"
+
+
+def test_the_first_tab_offers_to_skip_the_navigation(console: Console, everyone: User) -> None:
+    page = console.sign_in(everyone)
+
+    page.keyboard.press("Tab")
+    skip = page.get_by_role("link", name="Skip to the content")
+    expect(skip).to_be_focused()
+    expect(skip).to_be_in_viewport()  # visible once it has the focus
+    page.keyboard.press("Enter")
+
+    expect(page.locator("main")).to_be_focused()

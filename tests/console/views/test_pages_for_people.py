@@ -103,3 +103,70 @@ def test_an_expired_sign_in_form_gets_the_page_too() -> None:
 
     assert answer.status_code == 403
     assert "This form has expired" in body(answer)
+
+
+def test_a_long_argument_and_a_result_open_in_place_not_only_on_hover(
+    signed_in: SignIn, start: Start
+) -> None:
+    from .support import add_events
+
+    task = start("test_reader", {"pages": 2})
+    long_args = json.dumps({"customer": "ana@example.com", "note": "x" * 120})
+    add_events(task, 1, args_preview=long_args, result_preview='{"page": 1, "items": ["a"]}')
+
+    html = body(signed_in("viewer").get(f"/tasks/{task.id}/"))
+
+    escaped = long_args.replace('"', "&quot;")
+    assert f'<details class="cut"><summary>{escaped[:20]}' in html
+    assert f"<code>{escaped}</code>" in html  # the whole of it, a keypress or a tap away
+    assert '<summary class="mono">SUCCESS</summary><code>{&quot;page&quot;: 1' in html
+
+
+def test_cancelling_a_held_task_says_cancel_on_its_page(signed_in: SignIn, start: Start) -> None:
+    for _ in range(3):
+        start("test_reader", {"pages": 1})
+    held = start("test_reader", {"pages": 1})
+    assert held.reason == "restart_loop"
+
+    html = body(signed_in("operator").get(f"/tasks/{held.id}/stop"))
+
+    assert f"<h1>Cancel task #{held.id}?</h1>" in html
+    assert "Cancel the task</button>" in html
+    assert "Stop the task" not in html
+
+
+def test_every_page_starts_with_a_link_past_the_navigation(signed_in: SignIn) -> None:
+    html = body(signed_in("viewer").get("/"))
+
+    assert html.index('<a class="skip" href="#main">') < html.index('aria-label="Main"')
+    assert '<main id="main" tabindex="-1">' in html
+
+
+def test_the_resume_page_names_budgets_in_words_and_the_phases_show_the_grant_so(
+    signed_in: SignIn, start: Start
+) -> None:
+    from console import runner
+
+    task = start("test_reader", {"pages": 9}, model_calls=2)
+    runner.drive(task.id)  # out of model calls
+    client = signed_in("approver")
+
+    form = body(client.get(f"/tasks/{task.id}/resume"))
+    client.post(f"/tasks/{task.id}/resume", {"reason": "one more go", "grant_model_calls": "3"})
+    page = body(client.get(f"/tasks/{task.id}/"))
+
+    assert ">More model calls:</label>" in form
+    assert "This task ran out of model calls." in form
+    assert "On top of the model calls spent so far" in form
+    assert ">grant model calls:</label>" not in form  # the field's name, as it was
+    assert "+3 model calls" in page
+    assert "{&#x27;model_calls&#x27;" not in page  # not a Python dict
+
+
+def test_an_audit_export_with_a_filter_it_cannot_use_is_refused_not_made_of_everything(
+    signed_in: SignIn, history: World
+) -> None:
+    answer = signed_in("viewer").get("/audit.csv?action=bogus")
+
+    assert answer.status_code == 400
+    assert "the export was not made: action:" in answer.content.decode()

@@ -161,7 +161,7 @@ def test_a_task_held_for_a_restart_loop_can_be_cancelled_from_its_page(
     assert f'href="/tasks/{held.id}/stop">Cancel…' in page
     held.refresh_from_db()
     assert (held.state, held.reason) == ("CANCELLED", "operator_stop")
-    assert f"Task {held.id} stopped." in body(response)
+    assert f"Task {held.id} cancelled." in body(response)  # the page said cancel, too
     assert AuditEntry.objects.filter(action="stop").count() == 1
 
 
@@ -196,9 +196,9 @@ def test_a_task_that_ran_out_of_budget_resumes_only_with_an_explicit_grant(
     refused = client.post(url, {"reason": "one more go"})
     granted = client.post(url, {"reason": "one more go", "grant_model_calls": "6"})
 
-    assert "This task ran out of model_calls." in page
+    assert "This task ran out of model calls." in page
     assert refused.status_code == 200
-    assert "the task ran out of model_calls: grant an explicit amount to resume" in body(refused)
+    assert "the task ran out of model calls: grant an explicit amount to resume" in body(refused)
     assert granted.status_code == 302
     task.refresh_from_db()
     assert (task.state, task.phase) == ("QUEUED", 2)

@@ -76,7 +76,7 @@ def test_the_resume_form_offers_a_grant_of_every_budget(signed_in: SignIn, start
     assert "This task ran out of polls." in page
     for dimension in DIMENSIONS:
         assert f'name="grant_{dimension.limit}"' in page
-        assert f"grant {dimension.label}" in page
+        assert f"More {dimension.label}:" in page  # in words, not the field's name
 
 
 def test_the_dashboard_shows_every_budget_of_a_running_task(

@@ -1,0 +1,69 @@
+"""`manage.py` explains itself, `up` and `test` without installing anything first."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _alone(tmp_path: Path) -> Path:
+    """manage.py in a folder of its own: no .venv, no project to install."""
+    shutil.copy(ROOT / "manage.py", tmp_path / "manage.py")
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv", [[], ["--help"], ["-h"], ["help"]])
+def test_the_overview_describes_up_and_test_and_installs_nothing(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    folder = _alone(tmp_path)
+
+    done = subprocess.run(  # noqa: S603 - our own script
+        [sys.executable, "manage.py", *argv],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "up       start the console" in done.stdout
+    assert "test     the whole test suite" in done.stdout
+    assert not (folder / ".venv").exists()
+
+
+@pytest.mark.parametrize("argv", [["test", "--help"], ["test", "-h"], ["help", "test"]])
+def test_the_help_of_test_says_what_it_runs_and_installs_nothing(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    folder = _alone(tmp_path)
+
+    done = subprocess.run(  # noqa: S603 - our own script
+        [sys.executable, "manage.py", *argv],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "ruff check ." in done.stdout and "mypy" in done.stdout and "pytest" in done.stdout
+    assert not (folder / ".venv").exists()
+
+
+def test_help_up_lists_the_options_of_up() -> None:
+    done = subprocess.run(  # noqa: S603 - our own script
+        [sys.executable, str(ROOT / "manage.py"), "help", "up"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "--standalone" in done.stdout and "--port" in done.stdout
