@@ -9,16 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db import transaction
 from django.test import Client
-from django.utils import timezone
 from jsonschema import Draft202012Validator
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
-from console import lifecycle, openapi
-from console.ledger import DatabaseLedger
-from console.models import ApiToken, Operation, Task, TaskState
+from console import openapi
+from console.models import ApiToken, Operation, Task
+from tests.console import doubt
 
 JSON = "application/json"
 DOCUMENT = "urn:loopguard:openapi"
@@ -130,12 +128,5 @@ def error(response: Any, status: int) -> str:
 
 
 def unknown_operation(task: Task, key: str = "order/42/refund") -> Operation:
-    """A write whose driver vanished mid-execution: the task is NEEDS_HUMAN/unknown_commit."""
-    Task.objects.filter(id=task.id).update(
-        state=TaskState.RUNNING, lease_owner="gone:1", lease_expires_at=timezone.now()
-    )
-    DatabaseLedger(task_id=task.id, owner="gone:1").claim(key, "a" * 64)
-    task.refresh_from_db()
-    with transaction.atomic():
-        lifecycle.recover(task, why="test")
-    return Operation.objects.get(key=key)
+    """:func:`tests.console.doubt.unknown_operation`, under the API tests' usual key."""
+    return doubt.unknown_operation(task, key)

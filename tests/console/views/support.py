@@ -15,10 +15,9 @@ from django.test import Client
 from django.utils import timezone
 
 from console import lifecycle
-from console.ledger import DatabaseLedger
 from console.models import AuditEntry, Operation, Task, TaskState, TraceEvent
 from console.roles import Role
-from guard import Call
+from tests.console import doubt
 
 Start = Callable[..., Task]
 SignIn = Callable[..., Client]
@@ -89,17 +88,8 @@ def running(task: Task) -> Task:
 
 
 def unknown_operation(task: Task, key: str = KEY, args: dict[str, Any] | None = None) -> Operation:
-    """A write whose worker died mid-execution: claimed, then left UNKNOWN by recovery."""
-    Task.objects.filter(id=task.id).update(
-        state=TaskState.RUNNING, lease_owner="gone:1", lease_expires_at=timezone.now()
-    )
-    ledger = DatabaseLedger(task_id=task.id, owner="gone:1")
-    ledger.describe(Call("send_notice", args or {"text": "notice 1"}, "write", key))
-    ledger.claim(key, "a" * 64)
-    task.refresh_from_db()
-    with transaction.atomic():
-        lifecycle.recover(task, why="the worker died")
-    return Operation.objects.get(key=key)
+    """:func:`tests.console.doubt.unknown_operation`, under the pages' usual key."""
+    return doubt.unknown_operation(task, key, args)
 
 
 def add_events(task: Task, count: int, **fields: Any) -> None:
