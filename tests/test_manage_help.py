@@ -12,49 +12,40 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _alone(tmp_path: Path) -> Path:
-    """manage.py in a folder of its own: no .venv, no project to install."""
+def _alone(tmp_path: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run manage.py with ``argv`` from a folder of its own: no .venv, no project to
+    install, so anything it tried to install would fail or leave a .venv behind."""
     shutil.copy(ROOT / "manage.py", tmp_path / "manage.py")
-    return tmp_path
+    return subprocess.run(  # noqa: S603 - our own script
+        [sys.executable, "manage.py", *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize("argv", [[], ["--help"], ["-h"], ["help"]])
 def test_the_overview_describes_up_and_test_and_installs_nothing(
     tmp_path: Path, argv: list[str]
 ) -> None:
-    folder = _alone(tmp_path)
-
-    done = subprocess.run(  # noqa: S603 - our own script
-        [sys.executable, "manage.py", *argv],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _alone(tmp_path, argv)
 
     assert done.returncode == 0, done.stderr
     assert "up       start the console" in done.stdout
     assert "test     the whole test suite" in done.stdout
-    assert not (folder / ".venv").exists()
+    assert not (tmp_path / ".venv").exists()
 
 
 @pytest.mark.parametrize("argv", [["test", "--help"], ["test", "-h"], ["help", "test"]])
 def test_the_help_of_test_says_what_it_runs_and_installs_nothing(
     tmp_path: Path, argv: list[str]
 ) -> None:
-    folder = _alone(tmp_path)
-
-    done = subprocess.run(  # noqa: S603 - our own script
-        [sys.executable, "manage.py", *argv],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _alone(tmp_path, argv)
 
     assert done.returncode == 0, done.stderr
     assert "ruff check ." in done.stdout and "mypy" in done.stdout and "pytest" in done.stdout
-    assert not (folder / ".venv").exists()
+    assert not (tmp_path / ".venv").exists()
 
 
 def test_help_up_lists_the_options_of_up() -> None:

@@ -10,7 +10,6 @@ history tables' append-only triggers are checked here too, after all migrations.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.waiting import CLAIMER, release_together
+from tests.waiting import CLAIMER, release_together, standalone_env
 
 pytestmark = pytest.mark.slow
 
@@ -54,18 +53,6 @@ for key in retry_keys:
 racers = [running(f"racer-{n}:{n}:{n:04}") for n in range(processes)]
 print(json.dumps([[t.id, t.lease_owner] for t in racers]))
 """
-
-
-def standalone_env(data: Path) -> dict[str, str]:
-    return {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "LOOPGUARD_STANDALONE": "1",
-        "LOOPGUARD_DATA_DIR": str(data),
-        # Closed ports: any use of PostgreSQL or Redis would fail.
-        "DATABASE_URL": "postgres://postgres@127.0.0.1:1/none",
-        "REDIS_URL": "redis://127.0.0.1:1/0",
-    }
 
 
 def python(script: str, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:

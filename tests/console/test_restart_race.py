@@ -20,7 +20,7 @@ import pytest
 from django.conf import settings
 
 from console.models import StopReport, Task, TaskState
-from tests.waiting import release_together
+from tests.waiting import release_together, standalone_env
 from tests.workers import database_url
 
 pytestmark = pytest.mark.slow
@@ -103,15 +103,8 @@ def test_of_eight_processes_starting_the_same_goal_at_once_only_the_limit_run() 
 
 def test_on_sqlite_the_same_race_runs_only_the_limit_too(tmp_path: Path) -> None:
     # Standalone mode: SQLite's IMMEDIATE transactions serialise the starts without a lock
-    # of their own. Closed ports: any use of PostgreSQL or Redis would fail.
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "LOOPGUARD_STANDALONE": "1",
-        "LOOPGUARD_DATA_DIR": str(tmp_path),
-        "DATABASE_URL": "postgres://postgres@127.0.0.1:1/none",
-        "REDIS_URL": "redis://127.0.0.1:1/0",
-    }
+    # of their own.
+    env = standalone_env(tmp_path)
     migrate = subprocess.run(  # noqa: S603 - our own interpreter and script
         [sys.executable, "-c", MIGRATE],
         cwd=ROOT,
