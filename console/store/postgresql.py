@@ -199,6 +199,11 @@ class PostgresStore(BaseStore):
     def claim(
         self, key: str, fingerprint: str, *, tool: str, args: str, carry: Step | None = None
     ) -> Claim:
+        return self._claim(key, fingerprint, tool, args, carry, again=True)
+
+    def _claim(
+        self, key: str, fingerprint: str, tool: str, args: str, carry: Step | None, *, again: bool
+    ) -> Claim:
         task, now = self.task_id, timezone.now()
         claim = [key, fingerprint, tool, task, args, now, now, self.owner, now, task]
         if carry is None:
@@ -220,10 +225,19 @@ class PostgresStore(BaseStore):
         if claimed_id is not None:
             entry = Entry(key, fingerprint, OPERATION_MOVES["claim"][1], None, attempts, evidence)
             return Claim(ClaimStatus.CLAIMED, entry)
+        # Read after the claim's own transaction: the entry may have moved since.
         existing = entry_of(Operation.objects.get(key=key))
         if existing.fingerprint != fingerprint:
             return Claim(ClaimStatus.CONFLICT, existing)
-        return Claim(_CLAIM_ANSWERS[existing.state], existing)
+        answer = _CLAIM_ANSWERS.get(existing.state)
+        if answer is None:
+            # NOT_COMMITTED in between: the execution that held it was settled as not having
+            # happened. It may be claimed now (the step rode on the first statement already);
+            # beaten to it once more, this write waits and asks again, as for IN_FLIGHT.
+            if again:
+                return self._claim(key, fingerprint, tool, args, None, again=False)
+            return Claim(ClaimStatus.IN_FLIGHT, existing)
+        return Claim(answer, existing)
 
     def settle(
         self, key: str, fingerprint: str, move: str, result: Mapping[str, Any] | None = None

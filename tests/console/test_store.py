@@ -292,3 +292,36 @@ def test_a_settling_move_for_other_input_is_refused(start: Start) -> None:
         store.settle("k-1", OTHER_FP, "record", Result(Kind.SUCCESS).to_dict())
 
     assert Operation.objects.get(key="k-1").state == "IN_FLIGHT"
+
+
+def test_a_claim_whose_rival_is_settled_not_committed_meanwhile_claims_it_instead_of_failing(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL reads a refused claim's entry after the claim's own transaction: the
+    execution that held it may have been settled NOT_COMMITTED in between (its lookup proved
+    nothing happened). That is a key this write may claim, not an error."""
+    from console.store import postgresql
+
+    first, second = start("test_reader", {"pages": 1}), start("test_reader", {"pages": 2})
+    holder, rival = open_store(first.id, "client-a"), open_store(second.id, "client-b")
+    assert isinstance(holder.take_lease(30), Task) and isinstance(rival.take_lease(30), Task)
+    fp = "f" * 64
+    assert holder.claim("k-1", fp, tool="send_notice", args="{}").status == "claimed"
+    real_entry_of = postgresql.entry_of
+    settled: list[str] = []
+
+    def settled_just_before_the_read(op: Operation) -> Any:
+        if not settled:
+            holder.resolve("k-1", "settle_not_committed", result=None, evidence="not sent")
+            settled.append("k-1")
+            op.refresh_from_db()
+        return real_entry_of(op)
+
+    monkeypatch.setattr(postgresql, "entry_of", settled_just_before_the_read)
+
+    claim = rival.claim("k-1", fp, tool="send_notice", args="{}")
+
+    assert settled == ["k-1"]
+    assert claim.status == "claimed"
+    op = Operation.objects.get(key="k-1")
+    assert (op.state, op.task_id, op.attempts) == ("IN_FLIGHT", second.id, 2)
