@@ -62,7 +62,7 @@ class ResolveForm(forms.Form):
         required=False,
         max_length=4000,
         widget=forms.Textarea(attrs={"rows": 2}),
-        help_text="Only when the lookup finds the action and you know it did not happen: why.",
+        help_text="Only when the lookup finds the action and you know it is wrong: how you know.",
     )
 
     def clean_result(self) -> Any:

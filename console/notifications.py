@@ -280,7 +280,9 @@ def due_notices(*, now: datetime | None = None) -> list[int]:
     return list(
         Notice.objects.filter(
             Q(state=NoticeState.PENDING, next_attempt_at__lte=now)
-            | Q(state=NoticeState.SENDING, claimed_until__lt=now)
+            | Q(state=NoticeState.SENDING, claimed_until__lt=now),
+            # A channel removed meanwhile (its URL leaked, say) is told nothing more.
+            channel__active=True,
         )
         .order_by("next_attempt_at", "id")
         .values_list("id", flat=True)[:ROUTE_AT_ONCE]
@@ -320,10 +322,12 @@ def deliver(notice_id: int, *, now: datetime | None = None) -> str:
     )
     if not due:
         return f"not due: {notice.state}"
+    if not notice.channel.active:
+        return "its channel was removed"
     number = notice.attempts + 1
     hold_for = timedelta(seconds=settings.LOOPGUARD_NOTIFY_TIMEOUT_SECONDS + 30)
     claimed = Notice.objects.filter(
-        id=notice.id, state=notice.state, attempts=notice.attempts
+        id=notice.id, state=notice.state, attempts=notice.attempts, channel__active=True
     ).update(state=NoticeState.SENDING, attempts=number, claimed_until=now + hold_for)
     if claimed != 1:
         return "claimed by another worker"

@@ -10,7 +10,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -535,7 +535,6 @@ def startable_agents() -> list[AgentCard]:
     return cards
 
 
-
 # -- operations --------------------------------------------------------------------------------
 
 
@@ -591,6 +590,13 @@ class Reconciliation:
 
     rows: list[QueueRow]
     total: int
+
+    @property
+    def version(self) -> str:
+        """What :func:`reconciliation_version` says of the queue as this page shows it."""
+        return _queue_version(
+            self.total, [(r.op.id, r.op.state, r.op.updated_at) for r in self.rows]
+        )
 
 
 def reconciliation(
@@ -661,7 +667,11 @@ def reconciliation_version() -> str:
         .order_by("updated_at", "id")
         .values_list("id", "state", "updated_at")[:QUEUE_LIMIT]
     )
-    seen = json.dumps([reconciliation_count(), [[i, s, t.isoformat()] for i, s, t in rows]])
+    return _queue_version(reconciliation_count(), rows)
+
+
+def _queue_version(total: int, rows: Sequence[tuple[int, str, datetime]]) -> str:
+    seen = json.dumps([total, [[i, s, t.isoformat()] for i, s, t in rows]])
     return hashlib.sha256(seen.encode()).hexdigest()[:16]
 
 

@@ -313,8 +313,8 @@ def operation_mark_not_committed(
         said = f": {found['evidence']}" if found.get("evidence") else ""
         raise LookupDisagrees(
             f"the business system's lookup finds this action{said}. Marking it not "
-            "committed would let it run a second time; give an override with its reason if "
-            "you know better"
+            "committed would let it be tried again; give an override with its reason if you "
+            "know the lookup is wrong"
         )
     return _settle(
         key,

@@ -335,12 +335,7 @@ def operations(request: HttpRequest) -> HttpResponse:
             return HttpResponse(status=204)
         context = {"version": version, "changed": True}
         return _page(request, "console/operations.html#queue-live", context)
-    queue = selectors.reconciliation()
-    return _page(
-        request,
-        "console/operations.html",
-        {"queue": queue, "version": selectors.reconciliation_version()},
-    )
+    return _page(request, "console/operations.html", {"queue": selectors.reconciliation()})
 
 
 @require_POST

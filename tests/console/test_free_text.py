@@ -442,3 +442,24 @@ def test_a_checkpoint_keeps_no_secret_and_a_resumption_goes_on_from_it(
     task.refresh_from_db()
     assert (task.state, task.reason, task.executions) == (TaskState.COMPLETED, "goal_met", 1)
     assert not shows_a_secret(json.dumps(task.checkpoint))
+
+
+def test_an_override_of_the_lookup_is_stored_with_its_secrets_masked(start: Start) -> None:
+    from console.demo import desk
+
+    op = unknown_operation(start("test_notices", {"count": 1}))
+    desk.notice_send(
+        order_number=None, recipient="ops@example.com", text="sent", idempotency_key=op.key
+    )
+
+    services.operation_mark_not_committed(
+        key=op.key,
+        actor=person("rita", Role.RECONCILER),
+        evidence="nothing in the outbox",
+        override="the desk row is stale; checked with password=hunter2 on the admin page",
+    )
+
+    entry = AuditEntry.objects.get(operation=op, action="mark_not_committed")
+    assert "hunter2" not in entry.reason
+    assert "hunter2" not in json.dumps(entry.after)
+    assert REDACTED in entry.after["override"]

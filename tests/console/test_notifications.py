@@ -368,6 +368,22 @@ def test_a_removed_channel_is_told_nothing(start: Any, receiver: Receiver) -> No
     assert receiver.requests == []
 
 
+def test_a_channel_removed_after_its_notice_was_made_is_told_nothing_more(
+    start: Any, receiver: Receiver
+) -> None:
+    channel = webhook(receiver.url)
+    needs_human(start)
+    made = notifications.notify(now=later())  # routed: a notice waits for its delivery
+    assert len(made) == 1
+    NotificationChannel.objects.filter(id=channel.id).update(active=False)
+
+    outcome = notifications.deliver(made[0], now=later())
+
+    assert outcome == "its channel was removed"
+    assert notifications.due_notices(now=later(3600)) == []
+    assert receiver.requests == []
+
+
 def test_a_write_unknown_for_too_long_is_told_once_with_a_link_to_the_reconciliation_queue(
     start: Any, receiver: Receiver, settings: Any
 ) -> None:

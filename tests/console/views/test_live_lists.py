@@ -80,3 +80,17 @@ def test_the_queue_says_when_it_changed_without_swapping_the_forms(
     assert "The queue has changed since this page was loaded" in banner
     assert 'name="evidence"' not in banner  # only the notice: the rows stay as they are
     assert _poll(client, _poll_url(banner, "queue-live"), "queue-live") == (204, "")
+
+
+def test_a_refused_resolve_keeps_the_queue_quiet_while_the_reconciler_mends_the_form(
+    signed_in: SignIn, start: Start
+) -> None:
+    unknown_operation(start("test_notices", {"count": 1}))
+    client = signed_in("reconciler")
+    form = {"decision": "committed", "evidence": "seen", "result": "NaN"}
+
+    refused = body(client.post(f"/operations/{KEY}/resolve", form))
+
+    assert "was not changed" in refused
+    # Nothing changed in the queue: its poll must not say otherwise.
+    assert _poll(client, _poll_url(refused, "queue-live"), "queue-live") == (204, "")
