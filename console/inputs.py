@@ -145,13 +145,29 @@ def too_deep(max_depth: int) -> str:
 def check_kept(value: Any, *, what: str) -> None:
     """Refuse ``value`` if it nests deeper than :data:`KEPT_DEPTH`, which the redaction
     would cut before it is stored and handed to an agent."""
-    if depth(value, limit=KEPT_DEPTH) > KEPT_DEPTH:
+    if _deeper_than(value, KEPT_DEPTH):
         problem = (
             f"nested more than {KEPT_DEPTH} levels deep: deeper levels would be cut before "
             "it is stored and handed to the agent, so at most "
             f"{KEPT_DEPTH} are taken"
         )
         raise InputRefused(problem, what=what)
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether an item of ``value`` lies below more than ``limit`` levels: the rule the
+    redaction cuts by (and :func:`unstorable`'s ``max_depth``), so an empty ``{}`` at the last
+    level it keeps is kept. Iterative."""
+    todo: list[tuple[Any, int]] = [(value, 0)]
+    while todo:
+        item, level = todo.pop()
+        if level > limit:
+            return True
+        if isinstance(item, Mapping):
+            todo.extend((child, level + 1) for child in item.values())
+        elif isinstance(item, list | tuple):
+            todo.extend((child, level + 1) for child in item)
+    return False
 
 
 def text_problem(text: str) -> str | None:

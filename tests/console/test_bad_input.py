@@ -425,3 +425,19 @@ def test_a_date_at_the_edge_of_the_calendar_is_a_400_in_the_api(
     assert code == "invalid_query"
     assert "is out of range" in response.json()["fields"][name]
     assert message.startswith(f"{name}: ")
+
+
+def test_the_doors_and_the_service_draw_the_kept_depth_at_the_same_level() -> None:
+    # An empty object as the innermost of 21 levels: the redaction keeps it whole and the
+    # service stores it, so the form and the API must not refuse it either.
+    value: Any = {}
+    for _ in range(KEPT_DEPTH):
+        value = {"a": value}
+
+    assert redact(value) == value
+    inputs.check_kept(value, what="result")  # no refusal
+    assert inputs.unstorable(value, what="result", max_depth=KEPT_DEPTH) is None
+    # One level more, and both refuse it.
+    with pytest.raises(InputRefused):
+        inputs.check_kept({"a": value}, what="result")
+    assert inputs.unstorable({"a": value}, what="result", max_depth=KEPT_DEPTH) is not None
