@@ -13,8 +13,7 @@ from guard import Limits
 from guard.steps import DIMENSIONS
 
 from .agents import agent_names
-from .inputs import InputRefused, check_kept, load_json, unstorable
-from .services import MAX_TEXT_CHARS
+from .inputs import MAX_TEXT_CHARS, InputRefused, check_kept, load_json, unstorable
 
 REASON_HELP = "Say why: it goes to the audit log with your name."
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .redaction import MAX_DEPTH as REDACTION_DEPTH
+from .redaction import redact_text
 
 MAX_DEPTH = 32
 """How deeply any JSON the console takes may nest (``{}`` is 1, ``{"a": []}`` is 2).
@@ -168,6 +169,22 @@ def _deeper_than(value: Any, limit: int) -> bool:
         elif isinstance(item, list | tuple):
             todo.extend((child, level + 1) for child in item)
     return False
+
+
+MAX_TEXT_CHARS = 4000
+"""What is kept of text a person types (a reason, evidence, a note)."""
+
+
+def typed_text(text: str, *, what: str) -> str:
+    """Text a person typed, as it is stored: trimmed; refused (:class:`InputRefused`) if it
+    holds what cannot be stored (a NUL, a lone surrogate); secrets masked before the
+    :data:`MAX_TEXT_CHARS` cut, so a cut cannot leave a secret's tail unrecognised."""
+    if not text:
+        return ""
+    problem = text_problem(text)
+    if problem is not None:
+        raise InputRefused(f"{what} cannot be stored: it {problem}")
+    return redact_text(text.strip())[:MAX_TEXT_CHARS].strip()
 
 
 def text_problem(text: str) -> str | None:

@@ -7,49 +7,27 @@ notice goes through the outbox like every other, so the page shows its tries as 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import wraps
 from typing import Any
 
 from django import forms
 from django.contrib import messages
-from django.contrib.auth.models import AnonymousUser, User
-from django.core.exceptions import PermissionDenied
 from django.core.validators import validate_email
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from . import notifications
 from .forms import REASON_HELP
 from .models import ChannelTransport, NoticeKind
-from .roles import Role, capabilities_of, roles_of
+from .roles import Capability, can, capabilities_of
 from .tasks import deliver_notice
-
-View = Callable[..., HttpResponseBase]
-
-
-def is_admin(user: User | AnonymousUser) -> bool:
-    """Only admins manage where notices go: a channel's URL receives what the console knows."""
-    return Role.ADMIN in roles_of(user)
-
-
-def admins_only(view: View) -> View:
-    """Refuse (403) anyone who is not an admin; sign-in is enforced by the middleware."""
-
-    @wraps(view)
-    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        if not is_admin(request.user):
-            raise PermissionDenied("this needs the admin role")
-        return view(request, *args, **kwargs)
-
-    return wrapped
+from .views import _person, requires
 
 
 def navigation(request: HttpRequest) -> dict[str, bool]:
     """Template context: whether the navigation offers the notifications page."""
     user = getattr(request, "user", None)
-    return {"may_manage_notifications": user is not None and is_admin(user)}
+    return {"may_manage_notifications": user is not None and can(user, Capability.NOTIFY)}
 
 
 class ReasonForm(forms.Form):
@@ -119,21 +97,15 @@ def _page(
     return render(request, "console/notifications.html", context, status=status)
 
 
-def _person(request: HttpRequest) -> User:
-    if not isinstance(request.user, User):
-        raise PermissionDenied("a signed-in person is required")
-    return request.user
-
-
 @require_GET
-@admins_only
+@requires(Capability.NOTIFY)
 def notifications_page(request: HttpRequest) -> HttpResponse:
     """The channels, the latest notices and their tries."""
     return _page(request)
 
 
 @require_POST
-@admins_only
+@requires(Capability.NOTIFY)
 def channel_add(request: HttpRequest) -> HttpResponse:
     """Add a channel; a secret made here is shown on the answer, once."""
     form = ChannelForm(request.POST)
@@ -187,14 +159,14 @@ def _act(request: HttpRequest, channel_id: int, *, test: bool) -> HttpResponse:
 
 
 @require_POST
-@admins_only
+@requires(Capability.NOTIFY)
 def channel_test(request: HttpRequest, channel_id: int) -> HttpResponse:
     """Queue a test notice to one channel (audited)."""
     return _act(request, channel_id, test=True)
 
 
 @require_POST
-@admins_only
+@requires(Capability.NOTIFY)
 def channel_remove(request: HttpRequest, channel_id: int) -> HttpResponse:
     """Turn a channel off (audited); its notices stay listed."""
     return _act(request, channel_id, test=False)

@@ -45,6 +45,7 @@ from django.db.models import Exists, OuterRef, Prefetch, Q
 from django.urls import reverse
 from django.utils import timezone
 
+from .inputs import InputRefused, typed_text
 from .models import (
     AuditAction,
     AuditEntry,
@@ -535,10 +536,16 @@ def _audit(
     before: Mapping[str, Any] | None = None,
     after: Mapping[str, Any] | None = None,
 ) -> None:
+    try:
+        reason = typed_text(reason, what="a reason")
+    except InputRefused as exc:
+        raise NotificationError(str(exc)) from None
+    if not reason:
+        raise NotificationError("a reason is required")
     AuditEntry.objects.create(
         actor=actor,
         action=action,
-        reason=redact_text(reason),
+        reason=reason,
         before=dict(before or {}),
         after=dict(after or {}),
     )

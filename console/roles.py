@@ -27,6 +27,8 @@ class Capability(StrEnum):
     STOP = "stop"
     RECONCILE = "reconcile"
     APPROVE = "approve"
+    NOTIFY = "notify"
+    """Manage where notices go: a channel's URL receives what the console knows (admins)."""
 
 
 GRANTS: dict[Role, frozenset[Capability]] = {

@@ -27,7 +27,14 @@ from guard.steps import canonical_json as guard_canonical_json
 
 from . import lifecycle
 from .agents import UnknownAgent, agent_class
-from .inputs import KEPT_DEPTH, key_problem, text_problem, unstorable
+from .inputs import (
+    KEPT_DEPTH,
+    MAX_TEXT_CHARS,
+    InputRefused,
+    key_problem,
+    typed_text,
+    unstorable,
+)
 from .models import (
     AuditAction,
     AuditEntry,
@@ -37,7 +44,7 @@ from .models import (
     Task,
     TaskState,
 )
-from .redaction import redact, redact_text
+from .redaction import redact
 
 logger = logging.getLogger(__name__)
 
@@ -539,7 +546,6 @@ def _lock_task(task_id: int) -> Task:
     return task
 
 
-MAX_TEXT_CHARS = 4000
 
 
 def _required(text: str, *, what: str = "a reason") -> str:
@@ -551,16 +557,13 @@ def _required(text: str, *, what: str = "a reason") -> str:
 
 
 def _optional(text: str, *, what: str = "the reason") -> str:
-    """Free text as stored: trimmed, refused if it cannot be stored (a NUL, a lone
-    surrogate: PostgreSQL cannot hold the one, UTF-8 cannot encode the other), and with
-    secrets masked, because reasons and evidence are shown and exported as typed."""
-    if not text:
-        return ""
-    problem = text_problem(text)
-    if problem is not None:
-        raise InvalidInput(f"{what} cannot be stored: it {problem}")
-    # Masked before it is cut, so a cut cannot leave a secret's tail unrecognised.
-    return redact_text(text.strip())[:MAX_TEXT_CHARS].strip()
+    """Free text as stored (:func:`console.inputs.typed_text`: trimmed, refused if it cannot
+    be stored, secrets masked), because reasons and evidence are shown and exported as
+    typed."""
+    try:
+        return typed_text(text, what=what)
+    except InputRefused as exc:
+        raise InvalidInput(str(exc)) from None
 
 
 def _audit(
@@ -589,6 +592,7 @@ def _audit(
 
 __all__ = [
     "BULK_LIMIT",
+    "MAX_TEXT_CHARS",
     "BulkOutcome",
     "InvalidInput",
     "LookupDisagrees",

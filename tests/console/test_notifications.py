@@ -659,3 +659,23 @@ def test_a_prefixed_mail_variable_is_refused_naming_the_one_read() -> None:
     assert started.returncode != 0
     assert "DJANGO_EMAIL_HOST is not a LoopGuard setting" in started.stderr
     assert "did you mean EMAIL_HOST?" in started.stderr
+
+
+def test_a_reason_given_for_a_channel_is_checked_and_masked_like_every_typed_reason(
+    db: None, receiver: Receiver
+) -> None:
+    admin = User.objects.create_user("ada")
+    channel = webhook(receiver.url)
+
+    with pytest.raises(notifications.NotificationError, match="NUL"):
+        notifications.channel_remove(actor=admin, reason="no\x00pe", channel_id=channel.id)
+    with pytest.raises(notifications.NotificationError, match="reason is required"):
+        notifications.channel_remove(actor=admin, reason="   ", channel_id=channel.id)
+    assert NotificationChannel.objects.get(id=channel.id).active  # refused: nothing changed
+
+    notifications.channel_remove(
+        actor=admin, reason="leaked with token=abcdef123456", channel_id=channel.id
+    )
+
+    entry = AuditEntry.objects.get(action="notification_channel_remove")
+    assert "abcdef123456" not in entry.reason
