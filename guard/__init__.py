@@ -8,6 +8,10 @@ Standard library only. What an agent developer types::
                   now=clock_ms, wait=sleep_ms, ledger=InMemoryLedger())
     report = guard.run(plan, execute, inspect)
 
+A person's answer to a call held for approval comes back as an ``Approval`` for the next
+phase's guard; a model's price (``Price``) turns token counts into the spend a call
+reserves.
+
 ``guard.steps`` holds the step-wise names (for hosts that run their own loop) and what a
 ledger implementer needs; ``guard.adapters`` reads the tool calls of OpenAI and Anthropic
 replies into ``Call``s and answers them with the results.
@@ -17,6 +21,7 @@ from ._guard import Guard
 from ._ledger import InMemoryLedger, Ledger
 from ._report import Report
 from ._values import (
+    Approval,
     Call,
     Evidence,
     Finish,
@@ -24,6 +29,7 @@ from ._values import (
     Limits,
     Nudge,
     OperationState,
+    Price,
     Reason,
     Result,
     Settlement,
@@ -32,6 +38,7 @@ from ._values import (
 )
 
 __all__ = [
+    "Approval",
     "Call",
     "Evidence",
     "Finish",
@@ -42,6 +49,7 @@ __all__ = [
     "Limits",
     "Nudge",
     "OperationState",
+    "Price",
     "Reason",
     "Report",
     "Result",

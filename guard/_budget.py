@@ -24,7 +24,7 @@ def _dimensions(*used: str) -> tuple[Dimension, ...]:
 
 
 # When each budget is checked; the reason it stops with comes from its Dimension.
-_BEFORE_MODEL = _dimensions("tokens", "model_calls")  # after the deadline
+_BEFORE_MODEL = _dimensions("tokens", "spend", "model_calls")  # after the deadline
 _BEFORE_REQUEST = _dimensions("requests")
 _COUNTED = tuple(d.used for d in DIMENSIONS if d.used != _ELAPSED)
 
@@ -53,6 +53,7 @@ class Budget:
         "_executions",
         "_now",
         "_reserved",
+        "_spend_held",
         "_start",
         "limits",
         "spent",
@@ -69,6 +70,7 @@ class Budget:
         self._before_request = _checks(limits, _BEFORE_REQUEST)
         self._executions = limits.executions
         self._reserved = 0
+        self._spend_held = 0  # the spend reserved for the model call in progress
 
     # -- reading -------------------------------------------------------------------------
 
@@ -99,17 +101,44 @@ class Budget:
 
     # -- checks, each counting what it lets through --------------------------------------
 
-    def start_model_call(self) -> Reason | None:
-        """Count one model call, or say which budget refuses it (the deadline first).
-        Nothing is reserved for its calls yet."""
+    def start_model_call(self, reserve: int = 0) -> Reason | None:
+        """Count one model call and reserve ``reserve`` of the spend budget for it (its
+        maximum cost), or say which budget refuses it (the deadline first). Nothing is
+        reserved for its calls yet."""
         self._reserved = 0
         if self._now() >= self._deadline:
             return Reason.DEADLINE
         for used, limit, reason in self._before_model:  # read on every step: no call more
             if self.spent[used] >= limit:
                 return reason
+        if reserve:
+            reserve = _amount("reserve", reserve)
+            spend = self.limits.spend
+            if spend is not None and self.spent["spend"] + reserve > spend:
+                return Reason.SPEND_BUDGET
+            # Spent now, settled after the call: a crash in between keeps it spent.
+            self.spent["spend"] += reserve
+        self._spend_held = reserve
         self.spent["model_calls"] += 1
         return None
+
+    def start_unplanned(self) -> Reason | None:
+        """Calls come without a model call (an approved call run as it was asked): nothing
+        is reserved for them yet; ``DEADLINE`` once the task's time is up."""
+        self._reserved = 0
+        return Reason.DEADLINE if self._now() >= self._deadline else None
+
+    def settle_spend(self, cost: int) -> None:
+        """The model call's real ``cost`` replaces its reservation (``ValueError`` unless an
+        amount). A cost above the reservation is charged too: the money is gone."""
+        cost = _amount("cost", cost)
+        self.spent["spend"] += cost - self._spend_held
+        self._spend_held = 0
+
+    def charge(self, *, tokens: int = 0, cost: int = 0) -> None:
+        """Charge usage beyond any limit (the summary turn, allowed past the stop)."""
+        self.spent["tokens"] += _amount("tokens", tokens)
+        self.spent["spend"] += _amount("cost", cost)
 
     def start_request(self) -> Reason | None:
         """Count one request, or say which budget refuses it."""
@@ -143,9 +172,7 @@ class Budget:
 
     def spend_tokens(self, tokens: int) -> None:
         """Charge model usage reported by the planner (``ValueError`` unless a count)."""
-        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
-            raise ValueError(f"tokens must be a non-negative int, got {tokens!r}")
-        self.spent["tokens"] += tokens
+        self.spent["tokens"] += _amount("tokens", tokens)
 
     def count_polls(self, polls: int) -> None:
         """Charge polls of ``PENDING`` jobs (their per-job bound is the detector's)."""
@@ -156,6 +183,12 @@ class Budget:
     def checkpoint(self) -> dict[str, int]:
         """The budget's part of a checkpoint: what has been spent."""
         return self.usage().to_dict()
+
+
+def _amount(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
 
 
 def usage_from(raw: Mapping[str, Any]) -> Usage:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ._approval import ApprovalGate
 from ._budget import Budget
 from ._detector import Detector
 from ._report import Record
@@ -23,17 +24,27 @@ HISTORY = tuple(_HISTORY_PARTS)
 
 
 def compose(
-    budget: Budget, detector: Detector, settlement: SettlementStep, record: Record, *, history: bool
+    budget: Budget,
+    detector: Detector,
+    settlement: SettlementStep,
+    record: Record,
+    approvals: ApprovalGate,
+    *,
+    history: bool,
 ) -> dict[str, Any]:
     """A checkpoint of the parts, each one's own under its name (the budget's is ``usage``,
-    what was spent); without ``history``, what grows with the phase left out."""
-    return {
+    what was spent); without ``history``, what grows with the phase left out. The approval
+    gate's part is there only once the phase has used an approval."""
+    saved = {
         "version": CHECKPOINT_VERSION,
         "usage": budget.checkpoint(),
         "detector": detector.checkpoint(),
         "settlement": settlement.checkpoint(history=history),
         "record": record.checkpoint(history=history),
     }
+    if approvals.used:
+        saved["approvals"] = approvals.checkpoint()
+    return saved
 
 
 def history_of(saved: Mapping[str, Any]) -> dict[str, Any]:
@@ -51,6 +62,8 @@ def parts_of(checkpoint: Mapping[str, Any], history: Mapping[str, Any] | None) -
     if version != CHECKPOINT_VERSION:
         raise ValueError(f"checkpoint version {version!r} is not supported")
     parts = {name: checkpoint[name] for name in _PARTS}
+    if "approvals" in checkpoint:  # written only once an approval was used
+        parts["approvals"] = checkpoint["approvals"]
     if history is not None:
         for name, part in _HISTORY_PARTS.items():
             parts[part] = {**parts[part], name: history[name]}
@@ -58,7 +71,11 @@ def parts_of(checkpoint: Mapping[str, Any], history: Mapping[str, Any] | None) -
 
 
 def load(
-    parts: Mapping[str, Any], detector: Detector, settlement: SettlementStep, record: Record
+    parts: Mapping[str, Any],
+    detector: Detector,
+    settlement: SettlementStep,
+    record: Record,
+    approvals: ApprovalGate,
 ) -> None:
     """Give each part its own checkpoint back from ``parts`` (of :func:`parts_of`); the
     budget's usage and the detector's revision are the guard's constructor's to take.
@@ -66,6 +83,8 @@ def load(
     detector.load(parts["detector"])
     settlement.load(parts["settlement"])
     record.load(parts["record"])
+    if "approvals" in parts:
+        approvals.load(parts["approvals"])
 
 
 def _from_version_1(saved: Mapping[str, Any]) -> dict[str, Any]:

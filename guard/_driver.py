@@ -14,33 +14,72 @@ from ._values import Call, Finish, Nudge, Reason, Result, State
 if TYPE_CHECKING:
     from ._guard import Guard
 
-__all__ = ["Execute", "Inspect", "Plan", "drive"]
+__all__ = ["Execute", "Inspect", "Plan", "Reserve", "Summarise", "drive"]
 
 Plan = Callable[[Any], Any]
+Reserve = Callable[[Any], int]
+"""The next model call's maximum cost, given the observation it will see."""
+Summarise = Callable[[str], Any]
+"""The summary turn: one model call with no tools, given why the task stopped."""
 Execute = Callable[[Call], Any]
 Inspect = Callable[[Result | None, Call | Finish], Any]
 
 
 def drive(
-    guard: Guard, plan: Plan, execute: Execute, inspect: Inspect, lookup: Lookup | None
+    guard: Guard,
+    plan: Plan,
+    execute: Execute,
+    inspect: Inspect,
+    lookup: Lookup | None,
+    *,
+    reserve: Reserve | None = None,
+    summarise: Summarise | None = None,
 ) -> Report:
     """Drive ``plan`` / ``execute`` / ``inspect`` under ``guard`` until it stops; never
-    raises (but lets an interrupt through, its write marked lost).
+    raises (but lets an interrupt through, its write marked lost). See ``Guard.run``.
 
     Only the step methods decide; the driver reaches inside the guard for two things no
     step covers: the injected ``wait``, and a write lost to an interrupt."""
-    observation: Any = None
+    report = _drive(guard, plan, execute, inspect, lookup, reserve)
+    prompt = guard.summary_turn() if summarise is not None else None
+    if prompt is None or summarise is None:
+        return report
+    try:
+        reply = summarise(prompt)
+    except Exception as exc:
+        reply = f"(the summary turn failed: {describe(exc)})"
+    return guard.record_summary(reply)
+
+
+def _drive(
+    guard: Guard,
+    plan: Plan,
+    execute: Execute,
+    inspect: Inspect,
+    lookup: Lookup | None,
+    reserve: Reserve | None,
+) -> Report:
+    observation: Any = guard.rejection()  # a phase after a rejection tells the model first
+    approved = guard.before_approved()  # a phase after an approval runs that call first
     while True:
-        stop = guard.before_model()
-        if stop is not None:
-            return stop
-        try:
-            proposal = plan(observation)
-        except Exception as exc:
-            return guard.planner_failed(exc)
-        if isinstance(proposal, Finish):
-            return guard.finish(proposal, inspect)
-        admitted = guard.before_tools(proposal)
+        if approved is not None:
+            admitted, approved = approved, None
+            proposal: Any = None  # one call: its result is the observation
+        else:
+            try:
+                cost = 0 if reserve is None else reserve(observation)
+            except Exception as exc:
+                return guard.planner_failed(exc)
+            stop = guard.before_model(reserve=cost)
+            if stop is not None:
+                return stop
+            try:
+                proposal = plan(observation)
+            except Exception as exc:
+                return guard.planner_failed(exc)
+            if isinstance(proposal, Finish):
+                return guard.finish(proposal, inspect)
+            admitted = guard.before_tools(proposal)
         if not isinstance(admitted, list):  # one test for the common case: calls to run
             if isinstance(admitted, Nudge):
                 observation = admitted
@@ -76,4 +115,5 @@ def drive(
                 if guard._cancel.requested():
                     return guard.halt(State.CANCELLED, Reason.OPERATOR_STOP)
                 return guard.halt(State.FAILED, Reason.EXECUTOR_ERROR, describe(exc))
-        observation = results[0] if isinstance(proposal, Call) else results
+        several = isinstance(proposal, list | tuple)
+        observation = results if several else results[0]

@@ -13,10 +13,11 @@ what the steps hand the host, and ``_driver`` is ``run``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ._admission import AdmissionStep, Refused
+from ._approval import ApprovalGate, NeedsApproval, pending_of
 from ._budget import Budget, usage_from
 from ._checkpoint import compose, history_of, load, parts_of
 from ._checks import (
@@ -27,16 +28,17 @@ from ._checks import (
     describe,
     present,
     result_problem,
+    safe_repr,
     transient_error,
 )
 from ._detector import Detector
-from ._driver import Execute, Inspect, Plan, drive
+from ._driver import Execute, Inspect, Plan, Reserve, Summarise, drive
 from ._ledger import InMemoryLedger, Ledger
 from ._outcome import OutcomeStep
-from ._report import Record, Report
+from ._report import RESUME_CONDITIONS, SUMMARY_REASONS, Record, Report
 from ._settlement import Lookup, SettlementStep
 from ._ticket import Action, Decision, Status, Ticket, execute, reuse, stopped
-from ._values import Effect, Finish, Limits, Nudge, Reason, Result, State, Usage
+from ._values import Approval, Call, Effect, Finish, Limits, Nudge, Reason, Result, State, Usage
 
 __all__ = ["Guard"]
 
@@ -78,6 +80,8 @@ class Guard:
     (name → ``"read"``/``"write"``) makes unknown tools and wrong effects a ``bad_call``;
     ``transient`` tells an error worth one more try (a write only when a trusted lookup
     proved it did not happen; default: a lost connection or a timeout).
+    ``needs_approval(call)`` names the calls a person must approve before they run, and
+    ``approvals`` are the answers people gave (:class:`~guard.Approval`) for this phase.
     """
 
     def __init__(
@@ -93,6 +97,8 @@ class Guard:
         nudge: bool = False,
         tools: Mapping[str, Effect] | None = None,
         transient: Callable[[BaseException], bool] = transient_error,
+        needs_approval: NeedsApproval | None = None,
+        approvals: Iterable[Approval] = (),
     ) -> None:
         self.limits = limits if limits is not None else Limits()
         self.ledger: Ledger = ledger if ledger is not None else InMemoryLedger()
@@ -105,6 +111,8 @@ class Guard:
         self._record = Record()
         self._admission = AdmissionStep(self._budget, self._detector, self._settlement, tools)
         self._outcome = OutcomeStep(self._detector, self._settlement, self._record)
+        self._approvals = ApprovalGate(needs_approval, approvals)
+        self._summarised = False  # the stop's one summary turn was handed out
         self._batch: list[Ticket] = []  # the calls of the current model call
         self._planning = False  # a model call was admitted and its proposal is awaited
 
@@ -148,7 +156,12 @@ class Guard:
         (a trace) hands it back to :meth:`restore`.
         """
         return compose(
-            self._budget, self._detector, self._settlement, self._record, history=history
+            self._budget,
+            self._detector,
+            self._settlement,
+            self._record,
+            self._approvals,
+            history=history,
         )
 
     def history(self) -> dict[str, Any]:
@@ -179,7 +192,7 @@ class Guard:
             parts = parts_of(checkpoint, history)
             used, revision = usage_from(parts["usage"]), count(parts["detector"]["revision"])
             guard = cls(limits, used=used, revision=revision, **options)
-            load(parts, guard._detector, guard._settlement, guard._record)
+            load(parts, guard._detector, guard._settlement, guard._record, guard._approvals)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed checkpoint: {exc!r}") from exc
         return guard
@@ -187,34 +200,73 @@ class Guard:
     # -- driver --------------------------------------------------------------------------
 
     def run(
-        self, plan: Plan, execute: Execute, inspect: Inspect, *, lookup: Lookup | None = None
+        self,
+        plan: Plan,
+        execute: Execute,
+        inspect: Inspect,
+        *,
+        lookup: Lookup | None = None,
+        reserve: Reserve | None = None,
+        summarise: Summarise | None = None,
     ) -> Report:
         """Drive ``plan`` / ``execute`` / ``inspect`` until the guard stops; never raises.
 
         ``lookup(operation_key)`` is optional: it may settle a write whose outcome was lost
         (return a :class:`Settlement`) before the task stops as ``NEEDS_HUMAN``.
+        ``reserve(observation)`` gives each model call's maximum cost for the spend budget
+        (kept as spent: ``run`` does not learn the real cost; a host that does settles it
+        with the steps). ``summarise(prompt)`` is the opt-in summary turn: after a stop for
+        a budget, the deadline or no progress, one model call with no tools, whose reply
+        goes into the report. An approved call given in ``approvals`` runs first, and a
+        rejected one is the model's first observation.
         """
-        return drive(self, plan, execute, inspect, lookup)
+        return drive(self, plan, execute, inspect, lookup, reserve=reserve, summarise=summarise)
 
     # -- steps ---------------------------------------------------------------------------
 
-    def before_model(self) -> Report | None:
-        """Check, then count, one model call. Returns the report if it must not happen."""
-        if self._record.report is not None:
-            return self._record.report
-        for ticket in self._batch:
-            if ticket.status is Status.EXECUTING:
-                # The caller never reported this execution's outcome: treat it as lost.
-                return self._lost(ticket, "no result was reported")
-        self._batch = []
-        self._outcome.wait_ms = 0
-        if self._cancel.requested():
-            return self._stop(_CANCELLED)
-        refused = self._budget.start_model_call()
+    def before_model(self, *, reserve: int = 0) -> Report | None:
+        """Check, then count, one model call. Returns the report if it must not happen.
+
+        ``reserve`` is the call's maximum cost in the spend budget's unit (see
+        :class:`~guard.Price`): it must fit in what is left, and it counts as spent until
+        :meth:`settle_spend` gives the real cost.
+        """
+        if (stop := self._between_calls()) is not None:
+            return stop
+        refused = self._budget.start_model_call(reserve)
         if refused is not None:
-            return self._stop(Refusal(State.PARTIAL, refused))
+            detail = ""
+            if refused is Reason.SPEND_BUDGET:
+                left = self._budget.remaining().get("spend")
+                detail = f"the call may cost {reserve}; {left} left"
+            return self._stop(Refusal(State.PARTIAL, refused, detail))
         self._planning = True
         return None
+
+    def settle_spend(self, cost: int) -> None:
+        """The last model call's real cost replaces what :meth:`before_model` reserved."""
+        self._budget.settle_spend(cost)
+
+    def before_approved(self) -> list[Ticket] | Nudge | Report | None:
+        """In a phase opened by an approval that carries its call: admit that call, once,
+        without a model call (it is not asked for again). ``None`` when there is none; else
+        what :meth:`before_tools` answers for it."""
+        if self._record.report is not None:
+            return self._record.report
+        call = self._approvals.runnable()
+        if call is None:
+            return None
+        if (stop := self._between_calls()) is not None:
+            return stop
+        if self._budget.start_unplanned() is not None:
+            return self._stop(_PAST_DEADLINE)
+        self._planning = True
+        return self.before_tools(call)
+
+    def rejection(self) -> Nudge | None:
+        """In a phase opened after a person rejected a call: what to tell the model, once
+        (its first observation), else ``None``."""
+        return self._approvals.rejection()
 
     def before_tools(self, proposal: Any) -> list[Ticket] | Nudge | Report:
         """Admit the calls of one model call, each checked before any of them runs.
@@ -252,6 +304,8 @@ class Guard:
         if refused is Reason.DEADLINE:
             return self._refuse(ticket, _PAST_DEADLINE)
         call = ticket.call
+        if self._approvals.active and (held := self._held(ticket, room=refused is None)):
+            return self._refuse(ticket, held)
         if call.effect == "write":
             key = present(call.operation_key)
             claimed = self._settlement.claim(
@@ -310,6 +364,43 @@ class Guard:
         """The model call raised instead of proposing: stop ``FAILED/planner_error``."""
         return self.halt(State.FAILED, Reason.PLANNER_ERROR, describe(error))
 
+    def summary_turn(self) -> str | None:
+        """After a stop for a budget, the deadline or no progress: the prompt of one last
+        model call with no tools allowed (why the task stopped), handed out once per stop;
+        else ``None`` (still running, another reason, or already taken). Charge the call
+        and keep its text with :meth:`record_summary`."""
+        report = self._record.report
+        if report is None or self._summarised or report.reason not in SUMMARY_REASONS:
+            return None
+        self._summarised = True
+        return (
+            f"The task was stopped ({report.reason}): {RESUME_CONDITIONS[report.reason]} "
+            "No tool may be called any more. Tell the user, in a few sentences, what was "
+            "done, what was not, and why."
+        )
+
+    def record_summary(self, reply: Any, *, tokens: int = 0, cost: int = 0) -> Report:
+        """Keep the summary turn's ``reply`` (text, or a :class:`~guard.Finish` with its
+        answer) in the stop report and charge its ``tokens`` and ``cost``, beyond the budget
+        that ran out. A tool call in the reply is not run: the report says so instead."""
+        report = self._record.report
+        if report is None or not self._summarised or report.summary is not None:
+            raise ValueError("record_summary() needs the summary_turn() of this stop")
+        self._budget.charge(tokens=tokens, cost=cost)
+        if isinstance(reply, Finish):
+            reply = reply.answer
+        if isinstance(reply, str):
+            summary = reply.strip()
+        elif isinstance(reply, Call) or (
+            isinstance(reply, list | tuple) and all(isinstance(c, Call) for c in reply)
+        ):
+            calls = [reply] if isinstance(reply, Call) else list(reply)
+            names = ", ".join(str(c.tool) for c in calls)
+            summary = f"(the summary turn asked for {names}; no tool may run after a stop)"
+        else:
+            summary = "" if reply is None else safe_repr(reply)
+        return self._record.summarise(summary, self._budget)
+
     def halt(self, state: State, reason: Reason, detail: str = "") -> Report:
         """Stop now for a reason found outside the guard: the host's word, for instance
         a ledger that records lazily finding that it could not. Sticky like every stop."""
@@ -344,6 +435,39 @@ class Guard:
 
     # -- internals -----------------------------------------------------------------------
 
+    def _between_calls(self) -> Report | None:
+        """Before new calls (planned or approved): an execution never reported is lost,
+        the last batch is done, a stop asked for is honoured."""
+        if self._record.report is not None:
+            return self._record.report
+        for ticket in self._batch:
+            if ticket.status is Status.EXECUTING:
+                # The caller never reported this execution's outcome: treat it as lost.
+                return self._lost(ticket, "no result was reported")
+        self._batch = []
+        self._outcome.wait_ms = 0
+        if self._cancel.requested():
+            return self._stop(_CANCELLED)
+        return None
+
+    def _held(self, ticket: Ticket, *, room: bool) -> Refusal | None:
+        """Why an admitted call must wait for (or was refused by) a person, if it must: the
+        approval gate, after every other check and before the claim. A write whose key the
+        ledger holds committed for this very call only reuses its result: nothing runs, so
+        nothing needs approving."""
+        if not room:
+            return None  # only a reuse could follow, or the stop for the execution budget
+        call = ticket.call
+        held = self._approvals.check(call, ticket.fingerprint)
+        if not isinstance(held, Refusal):
+            return None
+        reusing = (
+            held.reason is Reason.APPROVAL_REQUIRED
+            and call.effect == "write"
+            and self._settlement.look(present(call.operation_key), ticket.fingerprint) is True
+        )
+        return None if reusing else held
+
     def _lost(self, ticket: Ticket, detail: str) -> Report:
         """A call's outcome is lost and nobody can look it up: the task stops (a write is
         left ``UNKNOWN``)."""
@@ -358,6 +482,9 @@ class Guard:
         if self._record.report is not None:
             return self._record.report
         batch = stopped(self._batch)  # first: the report's call then shows it was not run
+        pending = None
+        if refusal.reason is Reason.APPROVAL_REQUIRED and isinstance(subject, Ticket):
+            pending = pending_of(subject.call, subject.fingerprint)
         return self._record.close(
             refusal,
             call=None if subject is None else subject.describe(),
@@ -365,4 +492,5 @@ class Guard:
             budget=self._budget,
             revision=self._detector.revision,
             settlement=self._settlement,
+            pending=pending,
         )

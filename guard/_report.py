@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._budget import Budget
-from ._checks import Refusal, count, text
+from ._checks import Refusal, count, present, text
 from ._ledger import Operation
 from ._settlement import SettlementStep
 from ._values import DIMENSIONS, OperationState, Reason, State, Usage
 
-__all__ = ["COMPLETED_KEPT", "RESUME_CONDITIONS", "Record", "Report"]
+__all__ = ["COMPLETED_KEPT", "RESUME_CONDITIONS", "SUMMARY_REASONS", "Record", "Report"]
 
 COMPLETED_KEPT = 50
 """How many of the latest completed requests a report and a checkpoint keep."""
@@ -78,8 +78,31 @@ RESUME_CONDITIONS: Mapping[Reason, str] = {
     Reason.OPERATOR_STOP: (
         "Stopped by an operator; reconcile any uncertain write, then approve resumption."
     ),
+    Reason.SPEND_BUDGET: (
+        "Grant more spend; the next model call's maximum cost did not fit in what was left."
+    ),
+    Reason.APPROVAL_REQUIRED: (
+        "A call waits for a person's approval: approve it (it then runs once, exactly as "
+        "asked) or reject it, with a reason."
+    ),
+    Reason.APPROVAL_REJECTED: (
+        "A person rejected a call the task needed; change the input or the goal before "
+        "starting it again."
+    ),
 }
 """What each stop reason asks of an approver before the task may go on."""
+
+SUMMARY_REASONS = frozenset(
+    {
+        *(d.reason for d in DIMENSIONS),
+        Reason.SAME_CALL,
+        Reason.SHORT_CYCLE,
+        Reason.NO_PROGRESS,
+    }
+)
+"""The stops after which a summary turn may be taken (``Guard.summary_turn``): a budget or
+the deadline ran out, or the work went round without progress. Never after an uncertain
+write, a conflict, an operator's stop, a pending approval or a failure."""
 
 _UNSETTLED = (OperationState.UNKNOWN, OperationState.IN_FLIGHT)
 
@@ -108,6 +131,12 @@ class Report:
     batch: tuple[Mapping[str, Any], ...] = ()
     """Every call of the last model call and what became of it (ran, reused, not run…)."""
     detail: str = ""
+    spend: int = 0
+    pending: Mapping[str, Any] | None = None
+    """The call held for a person's approval (``approval_required``): tool, arguments,
+    effect, operation key and fingerprint — what an :class:`Approval` answers."""
+    summary: str | None = None
+    """The text of the summary turn taken after this stop, if one was."""
 
     @property
     def uncertain(self) -> tuple[Operation, ...]:
@@ -144,12 +173,19 @@ class Report:
             "remaining_budget": dict(self.remaining),
             "call": None if self.call is None else dict(self.call),
             "batch": [dict(item) for item in self.batch],
+            "pending": None if self.pending is None else dict(self.pending),
+            "summary": self.summary,
             "resume_condition": self.resume_condition,
         }
 
     def to_json(self, **kwargs: Any) -> str:
         """The full stop report as JSON text (keyword arguments go to :func:`json.dumps`)."""
         return json.dumps(self.to_dict(), ensure_ascii=False, **kwargs)
+
+
+def usage_fields(usage: Usage) -> dict[str, Any]:
+    """A report's counter fields for ``usage`` (one per :data:`DIMENSIONS` entry)."""
+    return dict(usage.to_dict())
 
 
 _COMPLETED_FIELDS = ("tool", "fingerprint", "operation_key", "reused", "revision")
@@ -185,6 +221,7 @@ class Record:
         call: Mapping[str, Any] | None,
         batch: tuple[Mapping[str, Any], ...],
         detail: str,
+        pending: Mapping[str, Any] | None = None,
     ) -> Report:
         """Record the terminal state once; later stops return the first report."""
         if self.report is None:
@@ -201,7 +238,8 @@ class Record:
                 call=call,
                 batch=batch,
                 detail=detail,
-                **usage.to_dict(),
+                pending=pending,
+                **usage_fields(usage),
             )
         return self.report
 
@@ -214,6 +252,7 @@ class Record:
         budget: Budget,
         revision: int,
         settlement: SettlementStep,
+        pending: Mapping[str, Any] | None = None,
     ) -> Report:
         """Stop for ``refusal`` with what the parts know now: the entries of the operations
         the settlement touched, what the budget has spent and has left, the detector's
@@ -232,7 +271,22 @@ class Record:
             call=call,
             batch=batch,
             detail=refusal.detail,
+            pending=pending,
         )
+
+    def summarise(self, summary: str, budget: Budget) -> Report:
+        """Add the summary turn's text to the stop report, with what it spent: a fact added
+        to the stop, which stays what it was."""
+        report = present(self.report)
+        usage = budget.usage()
+        self.report = replace(
+            report,
+            summary=summary,
+            tokens=usage.tokens,
+            spend=usage.spend,
+            remaining=budget.limits.remaining(usage),
+        )
+        return self.report
 
     def checkpoint(self, *, history: bool = True) -> dict[str, Any]:
         """The record's part of a checkpoint (``completed`` is history: see ``HISTORY``;

@@ -71,9 +71,11 @@ class SettlementStep:
                 # first one's ledger entry and reuse its result.
                 return True if keys[key] == fp else _CONFLICT
             keys[key] = fp
-        return self._peek(key, fp) if look else False
+        return self.look(key, fp) if look else False
 
-    def _peek(self, key: str, fp: str) -> Refusal | bool:
+    def look(self, key: str, fp: str) -> Refusal | bool:
+        """What the ledger holds for ``key`` now: ``True`` if this very call (``fp``) is
+        committed and would be reused, ``False`` if it may be claimed, else why not."""
         try:
             entry = self.ledger.get(key)
         except Exception as exc:

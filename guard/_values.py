@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 __all__ = [
+    "Approval",
     "Call",
     "Effect",
     "Evidence",
@@ -18,6 +19,7 @@ __all__ = [
     "Limits",
     "Nudge",
     "OperationState",
+    "Price",
     "Reason",
     "Result",
     "Settlement",
@@ -64,6 +66,9 @@ class Reason(StrEnum):
     PRECONDITION = "precondition"
     INVALID_WAIT = "invalid_wait"
     OPERATOR_STOP = "operator_stop"
+    SPEND_BUDGET = "spend_budget"
+    APPROVAL_REQUIRED = "approval_required"
+    APPROVAL_REJECTED = "approval_rejected"
 
 
 class Kind(StrEnum):
@@ -96,7 +101,9 @@ class Limits:
     ``same`` is how many times one call may be made without verified progress; the next
     identical request is refused. ``stagnant`` is how many requests in a row may go by
     without the revision rising. ``polls`` bounds the polling of one ``PENDING`` job,
-    ``tokens`` the model usage reported by the planner (``None``: unbounded) and
+    ``tokens`` the model usage reported by the planner (``None``: unbounded), ``spend``
+    the money model calls may cost, in an integer minor unit (``None``: unbounded; each
+    call's maximum cost is reserved before it starts, see :class:`Price`) and
     ``max_period`` the longest cycle (A→B→…→A→B→…) that is detected.
     """
 
@@ -108,6 +115,7 @@ class Limits:
     stagnant: int = 3
     polls: int = 10
     tokens: int | None = None
+    spend: int | None = None
     max_period: int = 4
     exempt: frozenset[str] = frozenset()
     """Tools whose identical repetition is legitimate: not checked for repeats or cycles."""
@@ -118,8 +126,9 @@ class Limits:
         _require_count("same", self.same, minimum=1)
         _require_count("stagnant", self.stagnant, minimum=1)
         _require_count("max_period", self.max_period, minimum=1)
-        if self.tokens is not None:
-            _require_count("tokens", self.tokens, minimum=0)
+        for name in ("tokens", "spend"):
+            if getattr(self, name) is not None:
+                _require_count(name, getattr(self, name), minimum=0)
         exempt: Any = self.exempt
         if isinstance(exempt, str) or not all(isinstance(t, str) for t in exempt):
             raise TypeError("Limits.exempt must be a collection of tool names")
@@ -153,6 +162,7 @@ class Usage:
     requests: int = 0
     executions: int = 0
     tokens: int = 0
+    spend: int = 0
     polls: int = 0
     elapsed_ms: int = 0
 
@@ -181,6 +191,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("requests", "requests", Reason.REQUEST_BUDGET, "requests"),
     Dimension("executions", "executions", Reason.EXECUTION_BUDGET, "executions"),
     Dimension("tokens", "tokens", Reason.TOKEN_BUDGET, "tokens"),
+    Dimension("spend", "spend", Reason.SPEND_BUDGET, "spend"),
     Dimension("polls", "polls", Reason.POLL_BUDGET, "polls", per_job=True),
     Dimension("elapsed_ms", "deadline_ms", Reason.DEADLINE, "time (ms)"),
 )
@@ -265,6 +276,52 @@ class Settlement:
     committed: bool | None
     result: Result | None = None
     evidence: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """A person's answer to one call the guard held back (a stop report's ``pending``,
+    ``NEEDS_HUMAN``/``approval_required``), for the guard of the task's next phase.
+
+    It is bound to the call's ``fingerprint`` and ``operation_key`` and used once: an
+    approved call runs (through the ledger, as any call) the first time it is asked for;
+    another call, even of the same tool, needs its own. With ``call`` (the exact call, as
+    the report's ``pending`` gives it) the guard runs it without asking the model again
+    (``Guard.before_approved``). A rejection is told to the model with its ``reason``, and
+    the same call asked for again ends the task ``PARTIAL``/``approval_rejected``.
+    """
+
+    fingerprint: str
+    operation_key: str | None
+    approved: bool
+    call: Call | None = None
+    reason: str = ""
+    tool: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """What a model charges, in the spend budget's minor unit per million tokens.
+
+    ``cost`` rounds up: a reservation is never less than what the call can cost.
+    """
+
+    input: int
+    output: int
+
+    def __post_init__(self) -> None:
+        for name in ("input", "output"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"Price.{name} must be a non-negative int, got {value!r}")
+
+    def cost(self, input_tokens: int, output_tokens: int) -> int:
+        """The cost of a call with these token counts, rounded up to a whole minor unit."""
+        for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        total = input_tokens * self.input + output_tokens * self.output
+        return -(-total // 1_000_000)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,13 +30,21 @@ that a trusted lookup proves did not happen, comes back ``RETRYABLE``
 A ledger implements :class:`guard.Ledger` with :class:`Claim`, :class:`ClaimStatus`,
 :class:`Operation` and :class:`LedgerError`, and moves entries only as
 :data:`OPERATION_MOVES` allows.
+
+A call that ``needs_approval`` says a person must approve stops the task
+``NEEDS_HUMAN``/``approval_required`` at the executor's entry, before its claim; the next
+phase's guard takes the answers (``approvals``) and runs an approved call first
+(``before_approved``) or tells the model of a rejection (``rejection``). ``before_model``
+takes the call's maximum cost (``reserve``) and ``settle_spend`` the real one. After a stop
+for one of :data:`SUMMARY_REASONS`, ``summary_turn`` hands out one last prompt for a model
+call with no tools, and ``record_summary`` keeps its text in the report.
 """
 
 from ._checkpoint import CHECKPOINT_VERSION, HISTORY
 from ._checks import transient_error
 from ._fingerprint import BadArguments, canonical_json, fingerprint
 from ._ledger import OPERATION_MOVES, Claim, ClaimStatus, LedgerError, Operation
-from ._report import COMPLETED_KEPT, RESUME_CONDITIONS
+from ._report import COMPLETED_KEPT, RESUME_CONDITIONS, SUMMARY_REASONS
 from ._settlement import IN_FLIGHT_WAIT_MS, RETRY_WAIT_MS
 from ._ticket import Action, Decision, Ticket
 from ._values import DIMENSIONS, Dimension, Effect
@@ -50,6 +58,7 @@ __all__ = [
     "OPERATION_MOVES",
     "RESUME_CONDITIONS",
     "RETRY_WAIT_MS",
+    "SUMMARY_REASONS",
     "Action",
     "BadArguments",
     "Claim",

@@ -180,7 +180,14 @@ def test_usage_remaining_and_the_report_name_the_budgets_of_dimensions_in_its_or
     report = scripted([Finish()]).run(guard)
     counted = [d.used for d in DIMENSIONS]
     task_wide = [d.limit for d in DIMENSIONS if not d.per_job]
-    assert task_wide == ["model_calls", "requests", "executions", "tokens", "deadline_ms"]
+    assert task_wide == [
+        "model_calls",
+        "requests",
+        "executions",
+        "tokens",
+        "spend",
+        "deadline_ms",
+    ]
 
     assert list(Usage().to_dict()) == counted
     assert list(report.to_dict()["used"]) == counted

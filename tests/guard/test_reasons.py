@@ -70,6 +70,9 @@ REASONS = [
     "precondition",
     "invalid_wait",
     "operator_stop",
+    "spend_budget",
+    "approval_required",
+    "approval_rejected",
 ]
 
 KEY = "incident-42-first-notice"
@@ -92,7 +95,7 @@ def test_the_states_are_exactly_the_five_contract_words() -> None:
 
 def test_the_reasons_are_exactly_the_contract_words() -> None:
     assert sorted(str(reason) for reason in Reason) == sorted(REASONS)
-    assert len(REASONS) == len(set(REASONS)) == 25
+    assert len(REASONS) == len(set(REASONS)) == 28
     assert all(Reason(word) == word for word in REASONS)
 
 
@@ -529,6 +532,7 @@ def test_an_unknown_commit_stop_report_round_trips_through_json_in_the_designs_s
         "requests": 6,
         "executions": 4,
         "tokens": None,
+        "spend": None,
         "deadline_ms": 900,
     }
     assert decoded["resume_condition"] == RESUME_CONDITIONS[Reason.UNKNOWN_COMMIT]

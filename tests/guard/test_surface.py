@@ -34,6 +34,8 @@ def test_the_top_level_is_what_an_agent_developer_types() -> None:
             "Settlement",
             "Nudge",
             "Usage",
+            "Approval",
+            "Price",
         ]
     )
 
