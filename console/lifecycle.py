@@ -32,6 +32,7 @@ from guard.steps import Operation as Entry
 
 from .models import (
     RESTART_LOOP,
+    Approval,
     RESUMABLE_STATES,
     TERMINAL_STATES,
     EventKind,
@@ -45,7 +46,7 @@ from .models import (
     TaskState,
     TraceEvent,
 )
-from .redaction import redact, redact_text
+from .redaction import preview, redact, redact_text
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ TASK_MOVES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "resume": (RESUMABLE_STATES, frozenset({TaskState.QUEUED})),
     # Recovery hands a running task whose driver is gone back to the queue.
     "requeue": (frozenset({TaskState.RUNNING}), frozenset({TaskState.QUEUED})),
+    # A person rejects the call a stopped task waits for, and ends the task.
+    "close": (frozenset({TaskState.NEEDS_HUMAN}), frozenset({TaskState.PARTIAL})),
 }
 """Every move a task may make: name -> (states it may leave, states it may reach)."""
 
@@ -248,9 +251,12 @@ def finish_task(
     Phase.objects.filter(task_id=task.id, number=task.phase).update(
         ended_at=now, state=state, reason=reason
     )
+    stored = redact(report)
     StopReport.objects.create(
-        task_id=task.id, phase=task.phase, state=state, reason=reason, report=redact(report)
+        task_id=task.id, phase=task.phase, state=state, reason=reason, report=stored
     )
+    if reason == Reason.APPROVAL_REQUIRED:
+        _hold_for_approval(task, stored.get("pending"))
     if state == TaskState.NEEDS_HUMAN:
         # The notification outbox's row, in this transaction: a person is told only of a
         # stop that was kept, and of every one (a hold for a restart loop included).
@@ -270,6 +276,24 @@ def finish_task(
         detail=f"{state}" + (f": {detail}" if detail else ""),
     )
     logger.info("task %s stopped %s/%s %s", task.id, state, reason, detail)
+
+
+def _hold_for_approval(task: Task, pending: Any) -> None:
+    """The approval queue's row for the call a stop holds back, in the stop's transaction
+    (``pending`` is the stop report's, redacted as stored)."""
+    if not isinstance(pending, Mapping):
+        raise ValueError(f"task {task.id} stopped approval_required without a pending call")
+    args = pending.get("args")
+    Approval.objects.create(
+        task_id=task.id,
+        phase=task.phase,
+        tool=str(pending.get("tool") or "")[:200],
+        effect=str(pending.get("effect") or "")[:10],
+        operation_key=str(pending.get("operation_key") or "")[:200],
+        fingerprint=str(pending.get("fingerprint") or "")[:64],
+        args=args if isinstance(args, dict) else {},
+        args_preview=preview(args),
+    )
 
 
 def _take_seq(task_id: int, count: int) -> int:
@@ -442,6 +466,75 @@ def cancel(task: Task, *, actor: User, note: str) -> None:
     finish_task(task, State.CANCELLED, Reason.OPERATOR_STOP, report.to_dict(), detail=detail)
 
 
+def close(task: Task, *, reason: str, detail: str) -> None:
+    """``close``: a task waiting for a call's approval ends ``PARTIAL`` with ``reason``
+    (``approval_rejected``) because a person rejected the call. A stop report of its own
+    is added to the phase's first one; the phase keeps how it ended."""
+    seen = str(task.state)
+    now = timezone.now()
+    detail = redact_text(detail)
+    _moved(
+        task.id,
+        "close",
+        TaskState.PARTIAL,
+        seen=seen,
+        reason=reason,
+        detail=detail[:2000],
+        finished_at=now,
+        updated_at=now,
+    )
+    report = report_from_task(task, State.PARTIAL, reason, detail).to_dict()
+    StopReport.objects.create(
+        task_id=task.id, phase=task.phase, state=State.PARTIAL, reason=reason, report=report
+    )
+    TraceEvent.objects.create(
+        task_id=task.id,
+        phase=task.phase,
+        seq=_take_seq(task.id, 1),
+        kind=EventKind.STOP,
+        decision="",
+        reason=reason,
+        detail=f"{State.PARTIAL}: {detail}",
+    )
+
+
+def charge_stopped(task_id: int, phase: int, usage: Usage) -> bool:
+    """Store ``usage`` (a summary turn's reservation) on a task stopped in ``phase``;
+    nothing if it has moved on since (resumed). Returns whether it was stored."""
+    return (
+        Task.objects.filter(id=task_id, phase=phase, state__in=TERMINAL_STATES).update(
+            **{d.used: getattr(usage, d.used) for d in DIMENSIONS}
+        )
+        == 1
+    )
+
+
+def add_summary(task_id: int, phase: int, report: Report, event: Mapping[str, Any]) -> bool:
+    """Add the summary turn's text to a task stopped in ``phase``: what it spent, a stop
+    report that carries the summary (after the phase's first, which stays) and its trace
+    event. Nothing if the task has moved on since; returns whether it was added."""
+    from django.db import transaction  # here: every other move runs in its caller's
+
+    with transaction.atomic():
+        task = (
+            Task.objects.select_for_update()
+            .filter(id=task_id, phase=phase, state=report.state.value)
+            .first()
+        )
+        if task is None:
+            return False
+        Task.objects.filter(id=task_id).update(**counters_of(report.usage, task.revision))
+        StopReport.objects.create(
+            task_id=task_id,
+            phase=phase,
+            state=report.state.value,
+            reason=task.reason,
+            report=redact(report.to_dict()),
+        )
+        TraceEvent.objects.create(task_id=task_id, phase=phase, seq=_take_seq(task_id, 1), **event)
+    return True
+
+
 def resume(
     task: Task,
     *,
@@ -482,7 +575,10 @@ def resume(
 __all__ = [
     "TASK_MOVES",
     "LostRace",
+    "add_summary",
     "cancel",
+    "charge_stopped",
+    "close",
     "counters_of",
     "entry_of",
     "finish_drive",

@@ -98,6 +98,7 @@ class Task(models.Model):
     requests = models.PositiveIntegerField(default=0)
     executions = models.PositiveIntegerField(default=0)
     tokens = models.PositiveBigIntegerField(default=0)
+    spend = models.PositiveBigIntegerField(default=0)  # in the minor unit of LOOPGUARD_CURRENCY
     polls = models.PositiveIntegerField(default=0)
     elapsed_ms = models.PositiveBigIntegerField(default=0)
     revision = models.BigIntegerField(default=0)
@@ -352,12 +353,84 @@ class StopReport(models.Model):
         return f"task {self.task_id} phase {self.phase}: {self.state}/{self.reason}"
 
 
+class ApprovalState(models.TextChoices):
+    PENDING = "PENDING", "waiting for a person"
+    APPROVED = "APPROVED", "approved"
+    REJECTED = "REJECTED", "rejected"
+
+
+class OnReject(models.TextChoices):
+    """What a rejection does to the task."""
+
+    RESUME = "resume", "tell the model and go on"
+    END = "end", "end the task"
+
+
+class Approval(models.Model):
+    """One call held for a person's approval when its phase stopped
+    (``NEEDS_HUMAN``/``approval_required``), and the one answer it gets.
+
+    Written in the transaction of that stop; moved once, ``PENDING`` → ``APPROVED`` or
+    ``REJECTED``, by a conditional update with its audit entry. The answer belongs to the
+    next phase only (``phase`` + 1): bound to the call's fingerprint and operation key, it
+    is used there once by the guard, so a later phase never reuses it.
+    """
+
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="approvals")
+    phase = models.PositiveIntegerField()
+    """The phase that stopped for this call."""
+    tool = models.CharField(max_length=200)
+    effect = models.CharField(max_length=10)
+    operation_key = models.CharField(max_length=200, blank=True)
+    fingerprint = models.CharField(max_length=64)
+    args = models.JSONField(default=dict)  # redacted, as every stored argument
+    args_preview = models.TextField(blank=True)
+    state = models.CharField(max_length=10, choices=ApprovalState, default=ApprovalState.PENDING)
+    requested_at = models.DateTimeField(default=timezone.now)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    on_reject = models.CharField(max_length=10, choices=OnReject, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=_in("state", ApprovalState.values), name="approval_state_valid"
+            ),
+            # One held call per stop: a phase stops once.
+            models.UniqueConstraint(fields=["task", "phase"], name="approval_task_phase"),
+            # An answer says who gave it, when and why; a pending call has none.
+            models.CheckConstraint(
+                condition=(Q(state="PENDING") & Q(decided_at=None))
+                | (~Q(state="PENDING") & ~Q(decided_at=None) & ~Q(reason="")),
+                name="approval_answer_complete",
+            ),
+        ]
+        indexes = [
+            # The approval queue and the dashboard's box: pending calls, oldest first.
+            models.Index(
+                fields=["requested_at"], condition=Q(state="PENDING"), name="approval_pending"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"approval {self.pk} of task {self.task_id} ({self.tool}, {self.state})"
+
+    @property
+    def is_pending(self) -> bool:
+        return self.state == ApprovalState.PENDING
+
+
 class AuditAction(models.TextChoices):
     START = "start", "start task"
     STOP = "stop", "stop task"
     MARK_COMMITTED = "mark_committed", "mark committed"
     MARK_NOT_COMMITTED = "mark_not_committed", "mark not committed"
     APPROVE_RESUMPTION = "approve_resumption", "approve resumption"
+    APPROVE_CALL = "approve_call", "approve call"
+    REJECT_CALL = "reject_call", "reject call"
     LOOKUP = "lookup", "run lookup"
     NOTIFICATION_CHANNEL_ADD = "notification_channel_add", "add notification channel"
     NOTIFICATION_CHANNEL_REMOVE = "notification_channel_remove", "remove notification channel"
@@ -375,6 +448,9 @@ class AuditEntry(models.Model):
     )
     operation = models.ForeignKey(
         Operation, null=True, blank=True, on_delete=models.PROTECT, related_name="audit"
+    )
+    approval = models.ForeignKey(
+        "Approval", null=True, blank=True, on_delete=models.PROTECT, related_name="audit"
     )
     reason = models.TextField()
     before = models.JSONField(default=dict, blank=True)

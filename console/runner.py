@@ -37,16 +37,18 @@ from django.db import (
 )
 from django.utils import timezone
 
-from guard import Call, Finish, Guard, Nudge, Reason, Report, Result, State
-from guard.steps import Action, LedgerError, Ticket, transient_error
+from guard import Approval, Call, Finish, Guard, Nudge, Reason, Report, Result, State
+from guard.steps import Action, Effect, LedgerError, Ticket, fingerprint, transient_error
 
 from . import lifecycle
 from .agents import Agent, Tool, agent_class
 from .ledger import DatabaseLedger
 from .lifecycle import limits_of, recover, usage_of
 from .logs import task_context
-from .models import Decision, EventKind, Task, TaskState
+from .models import Approval as ApprovalRow
+from .models import ApprovalState, Decision, EventKind, OnReject, Task, TaskState
 from .redaction import preview, redact_text
+from .spend import price_of
 from .store import LeaseLost, Record, Saved, Step, StepStore, open_store
 
 logger = logging.getLogger(__name__)
@@ -213,6 +215,7 @@ class _Driver:
         self.tools: dict[str, Tool] = {tool.name: tool for tool in self.agent.tools()}
         self.ledger = DatabaseLedger(store=store)
         self.stop = _StopFact(task, store, heartbeat, self.ledger)
+        self.price = price_of(self.agent.model)
         options: dict[str, Any] = {
             "now": _monotonic_ms,
             "wait": self.stop.wait,
@@ -221,7 +224,10 @@ class _Driver:
             "nudge": self.agent.nudge,
             "tools": {name: tool.effect for name, tool in self.tools.items()},
             "transient": _transient,
+            "needs_approval": self.agent.approval_policy(),
+            "approvals": _approvals_for(task),
         }
+        self.fresh = not _same_phase(task, checkpoint)
         self.guard = _guard_of(task, checkpoint, store, options)
         # What the last model call's calls came to, saved with the agent's memory: the two
         # go together (a model-planned agent answers its calls from it), in a new phase too.
@@ -232,15 +238,30 @@ class _Driver:
     def drive(self) -> str:
         guard, agent = self.guard, self.agent
         reserved = False  # the next model call is already counted in the row
+        if self.fresh and (rejected := guard.rejection()) is not None:
+            self.observation = rejected  # a person said no: the model hears it first
+        approved = guard.before_approved()  # a person said yes: that call runs first
+        if approved is not None:
+            stopped = self._run_approved(approved)
+            if stopped is not None:
+                return self._finish(stopped)
+            reserved = True
         while True:
             if not reserved:
                 self._save(ahead=_NEXT_CALL)
             reserved = False
-            stop = guard.before_model()
+            try:
+                reserve = self._reservation()
+            except Exception as exc:
+                return self._finish(guard.planner_failed(exc))
+            stop = guard.before_model(reserve=reserve)
             if stop is not None:
                 return self._finish(stop)
+            if reserve:
+                # Money is reserved before it is spent: stored before the paid call goes out.
+                self._save()
             started = time.monotonic()
-            agent.tokens = 0
+            agent.usage_reset()
             failure: Exception | None = None
             try:
                 proposal = agent.plan(self.observation)
@@ -249,6 +270,8 @@ class _Driver:
             try:  # a planner that failed after its model answered still spent the tokens
                 if agent.tokens:
                     guard.spend_tokens(agent.tokens)
+                if reserve or agent.cost is not None:
+                    guard.settle_spend(self._cost(reserve))
             except ValueError as exc:
                 failure = failure or exc
             if failure is not None:
@@ -270,21 +293,64 @@ class _Driver:
                 self._save(model_event, _nudge_event(admitted, guard.revision), checkpoint=True)
                 continue
             self._hand_over(model_event, proposal, admitted, started)
-            batch = not isinstance(proposal, Call)
-            results: list[Result] = []
-            for index, ticket in enumerate(admitted):
-                last = index == len(admitted) - 1
-                stopped = self._step(ticket, results, last=last, batch=batch)
-                if stopped is not None:
-                    return self._finish(stopped)
+            stopped = self._run(admitted, batch=not isinstance(proposal, Call))
+            if stopped is not None:
+                return self._finish(stopped)
             reserved = True  # the last step's save counted the next model call ahead
-            pause = guard.before_wait()
-            if isinstance(pause, Report):
-                return self._finish(pause)
-            if pause:
-                waiting = _event(EventKind.WAIT, detail=f"waiting {pause:.0f} ms")
-                self._save(waiting, ahead=_NEXT_CALL)
-                self.stop.wait(pause)
+
+    def _run(self, admitted: list[Ticket], *, batch: bool) -> Report | None:
+        """The admitted calls of one model call, then the wait they asked for."""
+        results: list[Result] = []
+        for index, ticket in enumerate(admitted):
+            last = index == len(admitted) - 1
+            stopped = self._step(ticket, results, last=last, batch=batch)
+            if stopped is not None:
+                return stopped
+        pause = self.guard.before_wait()
+        if isinstance(pause, Report):
+            return pause
+        if pause:
+            waiting = _event(EventKind.WAIT, detail=f"waiting {pause:.0f} ms")
+            self._save(waiting, ahead=_NEXT_CALL)
+            self.stop.wait(pause)
+        return None
+
+    def _run_approved(self, admitted: list[Ticket] | Nudge | Report) -> Report | None:
+        """The call a person approved, run as it was asked, before the model is asked
+        again; its result is the model's next observation."""
+        if isinstance(admitted, Report):
+            return admitted
+        if isinstance(admitted, Nudge):
+            self.observation = admitted
+            return None
+        call = admitted[0].call
+        note = _event(
+            EventKind.NOTE,
+            decision=Decision.PLANNED,
+            tool=call.tool,
+            operation_key=call.operation_key or "",
+            detail=f"running the call a person approved: {call.tool}",
+        )
+        # Not waiting for the disk, as after a model call: the claim's commit flushes it.
+        self._save(note, ahead=(0, 0, 1), durable=False)
+        return self._run(admitted, batch=False)
+
+    def _reservation(self) -> int:
+        """The next model call's maximum cost at the agent's model's price (0 unpriced)."""
+        if self.price is None:
+            return 0
+        agent = self.agent
+        return self.price.cost(agent.prompt_tokens(self.observation), agent.max_output_tokens)
+
+    def _cost(self, reserve: int) -> int:
+        """What the model call really cost: as the agent reports it, or from its token
+        counts at the model's price; the reservation when it says neither."""
+        agent = self.agent
+        if agent.cost is not None:
+            return agent.cost
+        if self.price is not None and agent.input_tokens is not None:
+            return self.price.cost(agent.input_tokens, agent.output_tokens or 0)
+        return reserve
 
     def _hand_over(
         self, model_event: dict[str, Any], proposal: Any, admitted: list[Ticket], started: float
@@ -444,7 +510,46 @@ class _Driver:
             # operator asked: record nothing and let recovery resume the task.
             raise DatabaseError("stopped on an unreadable stop fact; leaving it to recovery")
         self.store.finish(report, checkpoint=self._checkpoint())
+        if self.agent.summary_turn:
+            self._summarise()
         return f"{report.state}/{report.reason}"
+
+    def _summarise(self) -> None:
+        """The summary turn, after the stop is recorded: one model call with no tools,
+        its text added to the stop report. A crash during it leaves the stop as it was
+        (and the reservation, stored first, spent)."""
+        guard, agent = self.guard, self.agent
+        try:
+            reserve = self._reservation()
+        except Exception:
+            logger.exception("task %s: no summary turn, its cost cannot be estimated", self.task.id)
+            return
+        prompt = guard.summary_turn(reserve=reserve)
+        if prompt is None:
+            return
+        if reserve:
+            lifecycle.charge_stopped(self.task.id, self.task.phase, guard.usage)
+        started = time.monotonic()
+        agent.usage_reset()
+        try:
+            reply = agent.summarise(prompt, self.observation)
+        except Exception as exc:
+            logger.exception("task %s: the summary turn failed", self.task.id)
+            reply = f"(the summary turn failed: {type(exc).__name__})"
+        try:
+            cost = self._cost(reserve)
+            report = guard.record_summary(reply, tokens=agent.tokens, cost=cost)
+        except ValueError as exc:  # the agent reported usage that is not a count
+            report = guard.record_summary(f"(the summary turn failed: {exc})", cost=reserve)
+        event = _event(
+            EventKind.MODEL_CALL,
+            decision=Decision.FINISHED,
+            latency_ms=_ms(time.monotonic() - started),
+            tokens=agent.tokens or None,
+            revision=report.revision,
+            detail="summary: " + (report.summary or "")[:480],
+        )
+        lifecycle.add_summary(self.task.id, self.task.phase, report, event)
 
     def _request(self, ticket: Ticket, decision: str, latency: float | None, **why: str) -> Any:
         """The trace event of ``ticket``'s request, as it stands now."""
@@ -548,12 +653,52 @@ def _transient(error: BaseException) -> bool:
     return transient_error(error) or isinstance(error, (OperationalError, InterfaceError))
 
 
+def _same_phase(task: Task, checkpoint: dict[str, Any]) -> bool:
+    """Whether the checkpoint is of the task's current phase (a crash or redelivery)."""
+    return checkpoint.get("phase") == task.phase and "guard" in checkpoint
+
+
+def _approvals_for(task: Task) -> list[Approval]:
+    """The answers people gave to the call that stopped the phase before this one: they
+    are this phase's to use, once. An approved call is handed over whole when its stored
+    (redacted) arguments are still the exact call; when the redaction changed them, the
+    model asks for it again and only that exact call matches."""
+    if task.phase < 2:
+        return []
+    rows = ApprovalRow.objects.filter(task_id=task.id, phase=task.phase - 1).exclude(
+        state=ApprovalState.PENDING
+    )
+    answers: list[Approval] = []
+    for row in rows:
+        approved = row.state == ApprovalState.APPROVED
+        if not approved and row.on_reject != OnReject.RESUME:
+            continue
+        key = row.operation_key or None
+        effect: Effect = "write" if row.effect == "write" else "read"
+        call = Call(row.tool, row.args, effect, key)
+        try:
+            exact = fingerprint(row.tool, row.args) == row.fingerprint
+        except Exception:
+            exact = False
+        answers.append(
+            Approval(
+                row.fingerprint,
+                key,
+                approved,
+                call=call if exact else None,
+                reason=row.reason,
+                tool=row.tool,
+            )
+        )
+    return answers
+
+
 def _guard_of(
     task: Task, checkpoint: dict[str, Any], store: StepStore, options: dict[str, Any]
 ) -> Guard:
     """The task's guard for this drive, from its checkpoint when it is of this phase."""
     limits = limits_of(task)
-    if checkpoint.get("phase") == task.phase and "guard" in checkpoint:
+    if _same_phase(task, checkpoint):
         # The same phase after a crash or redelivery: go on with the detectors' memory.
         # The counters come from the row, which is never behind the checkpoint.
         saved = dict(checkpoint["guard"])

@@ -70,7 +70,8 @@ class Budget:
         self._before_request = _checks(limits, _BEFORE_REQUEST)
         self._executions = limits.executions
         self._reserved = 0
-        self._spend_held = 0  # the spend reserved for the model call in progress
+        # The spend reserved for the model call in progress; None: no call to settle.
+        self._spend_held: int | None = None
 
     # -- reading -------------------------------------------------------------------------
 
@@ -130,15 +131,24 @@ class Budget:
 
     def settle_spend(self, cost: int) -> None:
         """The model call's real ``cost`` replaces its reservation (``ValueError`` unless an
-        amount). A cost above the reservation is charged too: the money is gone."""
+        amount, or with no model call to settle: one call is settled once). A cost above
+        the reservation is charged too: the money is gone."""
         cost = _amount("cost", cost)
+        if self._spend_held is None:
+            raise ValueError("settle_spend() needs a model call not settled yet")
         self.spent["spend"] += cost - self._spend_held
-        self._spend_held = 0
+        self._spend_held = None
 
-    def charge(self, *, tokens: int = 0, cost: int = 0) -> None:
-        """Charge usage beyond any limit (the summary turn, allowed past the stop)."""
-        self.spent["tokens"] += _amount("tokens", tokens)
-        self.spent["spend"] += _amount("cost", cost)
+    def reserve_past_stop(self, reserve: int) -> bool:
+        """Reserve the spend of one model call after the task stopped (the summary turn):
+        the other budgets no longer apply, the spend budget still does."""
+        reserve = _amount("reserve", reserve)
+        spend = self.limits.spend
+        if spend is not None and self.spent["spend"] + reserve > spend:
+            return False
+        self.spent["spend"] += reserve
+        self._spend_held = reserve
+        return True
 
     def start_request(self) -> Reason | None:
         """Count one request, or say which budget refuses it."""

@@ -40,9 +40,15 @@ def drive(
 
     Only the step methods decide; the driver reaches inside the guard for two things no
     step covers: the injected ``wait``, and a write lost to an interrupt."""
-    report = _drive(guard, plan, execute, inspect, lookup, reserve)
-    prompt = guard.summary_turn() if summarise is not None else None
-    if prompt is None or summarise is None:
+    report, observation = _drive(guard, plan, execute, inspect, lookup, reserve)
+    if summarise is None:
+        return report
+    try:
+        cost = 0 if reserve is None else reserve(observation)
+        prompt = guard.summary_turn(reserve=cost)
+    except Exception:
+        return report  # its cost cannot be told: no paid call without a reservation
+    if prompt is None:
         return report
     try:
         reply = summarise(prompt)
@@ -58,7 +64,9 @@ def _drive(
     inspect: Inspect,
     lookup: Lookup | None,
     reserve: Reserve | None,
-) -> Report:
+) -> tuple[Report, Any]:
+    """The loop of :func:`drive`: its report, and the model's last observation (what the
+    summary turn follows)."""
     observation: Any = guard.rejection()  # a phase after a rejection tells the model first
     approved = guard.before_approved()  # a phase after an approval runs that call first
     while True:
@@ -68,28 +76,28 @@ def _drive(
         else:
             try:
                 cost = 0 if reserve is None else reserve(observation)
+                stop = guard.before_model(reserve=cost)  # ValueError: not an amount
             except Exception as exc:
-                return guard.planner_failed(exc)
-            stop = guard.before_model(reserve=cost)
+                return guard.planner_failed(exc), observation
             if stop is not None:
-                return stop
+                return stop, observation
             try:
                 proposal = plan(observation)
             except Exception as exc:
-                return guard.planner_failed(exc)
+                return guard.planner_failed(exc), observation
             if isinstance(proposal, Finish):
-                return guard.finish(proposal, inspect)
+                return guard.finish(proposal, inspect), observation
             admitted = guard.before_tools(proposal)
         if not isinstance(admitted, list):  # one test for the common case: calls to run
             if isinstance(admitted, Nudge):
                 observation = admitted
                 continue
-            return admitted
+            return admitted, observation
         results: list[Any] = []  # the tickets' results: after_tool() set each one it let by
         for ticket in admitted:
             decision = guard.before_tool(ticket, lookup=lookup)
             if decision.report is not None:
-                return decision.report
+                return decision.report, observation
             outcome: Any = decision.result
             error: Exception | None = None
             if decision.action is Action.EXECUTE:
@@ -103,17 +111,18 @@ def _drive(
                     raise
             stop = guard.after_tool(ticket, outcome, error=error, inspect=inspect, lookup=lookup)
             if stop is not None:
-                return stop
+                return stop, observation
             results.append(ticket.result)
         pause = guard.before_wait()
         if pause:  # 0 (no wait) is the common case
             if isinstance(pause, Report):
-                return pause
+                return pause, observation
             try:
                 guard._wait(pause)
             except Exception as exc:
                 if guard._cancel.requested():
-                    return guard.halt(State.CANCELLED, Reason.OPERATOR_STOP)
-                return guard.halt(State.FAILED, Reason.EXECUTOR_ERROR, describe(exc))
+                    return guard.halt(State.CANCELLED, Reason.OPERATOR_STOP), observation
+                failed = guard.halt(State.FAILED, Reason.EXECUTOR_ERROR, describe(exc))
+                return failed, observation
         several = isinstance(proposal, list | tuple)
         observation = results if several else results[0]

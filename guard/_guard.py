@@ -364,13 +364,17 @@ class Guard:
         """The model call raised instead of proposing: stop ``FAILED/planner_error``."""
         return self.halt(State.FAILED, Reason.PLANNER_ERROR, describe(error))
 
-    def summary_turn(self) -> str | None:
-        """After a stop for a budget, the deadline or no progress: the prompt of one last
-        model call with no tools allowed (why the task stopped), handed out once per stop;
-        else ``None`` (still running, another reason, or already taken). Charge the call
-        and keep its text with :meth:`record_summary`."""
+    def summary_turn(self, *, reserve: int = 0) -> str | None:
+        """After a stop for a budget, the deadline or no progress (:data:`SUMMARY_REASONS`):
+        the prompt of one last model call with no tools allowed (why the task stopped),
+        handed out once per stop; else ``None`` (still running, another reason, already
+        taken, or its maximum cost ``reserve`` does not fit in the spend budget). The call
+        may go beyond the budget that ran out, never beyond the spend budget; ``reserve``
+        counts as spent until :meth:`record_summary` charges the real cost."""
         report = self._record.report
         if report is None or self._summarised or report.reason not in SUMMARY_REASONS:
+            return None
+        if not self._budget.reserve_past_stop(reserve):
             return None
         self._summarised = True
         return (
@@ -379,14 +383,17 @@ class Guard:
             "done, what was not, and why."
         )
 
-    def record_summary(self, reply: Any, *, tokens: int = 0, cost: int = 0) -> Report:
+    def record_summary(self, reply: Any, *, tokens: int = 0, cost: int | None = None) -> Report:
         """Keep the summary turn's ``reply`` (text, or a :class:`~guard.Finish` with its
         answer) in the stop report and charge its ``tokens`` and ``cost``, beyond the budget
-        that ran out. A tool call in the reply is not run: the report says so instead."""
+        that ran out (``cost`` replaces the turn's reservation; without it the reservation
+        stays spent). A tool call in the reply is not run: the report says so instead."""
         report = self._record.report
         if report is None or not self._summarised or report.summary is not None:
             raise ValueError("record_summary() needs the summary_turn() of this stop")
-        self._budget.charge(tokens=tokens, cost=cost)
+        self._budget.spend_tokens(tokens)
+        if cost is not None:
+            self._budget.settle_spend(cost)
         if isinstance(reply, Finish):
             reply = reply.answer
         if isinstance(reply, str):
@@ -461,12 +468,14 @@ class Guard:
         held = self._approvals.check(call, ticket.fingerprint)
         if not isinstance(held, Refusal):
             return None
-        reusing = (
-            held.reason is Reason.APPROVAL_REQUIRED
-            and call.effect == "write"
-            and self._settlement.look(present(call.operation_key), ticket.fingerprint) is True
-        )
-        return None if reusing else held
+        if held.reason is Reason.APPROVAL_REQUIRED and call.effect == "write":
+            # A write that would only reuse its result, or that the ledger refuses anyway
+            # (another input under its key, an uncertain entry), is not a person's to
+            # approve: its claim says what becomes of it.
+            looked = self._settlement.look(present(call.operation_key), ticket.fingerprint)
+            if looked is not False:
+                return None
+        return held
 
     def _lost(self, ticket: Ticket, detail: str) -> Report:
         """A call's outcome is lost and nobody can look it up: the task stops (a write is

@@ -94,7 +94,7 @@ RESUME_CONDITIONS: Mapping[Reason, str] = {
 
 SUMMARY_REASONS = frozenset(
     {
-        *(d.reason for d in DIMENSIONS),
+        *(d.reason for d in DIMENSIONS if d.reason is not Reason.SPEND_BUDGET),
         Reason.SAME_CALL,
         Reason.SHORT_CYCLE,
         Reason.NO_PROGRESS,
@@ -102,7 +102,8 @@ SUMMARY_REASONS = frozenset(
 )
 """The stops after which a summary turn may be taken (``Guard.summary_turn``): a budget or
 the deadline ran out, or the work went round without progress. Never after an uncertain
-write, a conflict, an operator's stop, a pending approval or a failure."""
+write, a conflict, an operator's stop, a pending approval or a failure — nor after the
+spend budget ran out: money is reserved before it is spent, a summary's included."""
 
 _UNSETTLED = (OperationState.UNKNOWN, OperationState.IN_FLIGHT)
 

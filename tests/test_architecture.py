@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "console.models": 1,
     "console.redaction": 1,
     "console.inputs": 1,
+    "console.spend": 1,
     "console.roles": 1,
     "console.logs": 1,
     "console.statements": 1,

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, cast
 
 from django.conf import settings
 
-from guard import Call, Finish
+from guard import Call, Finish, Result
 from guard.adapters import ToolSpec, calls_from_openai, openai_tool_messages
 
 from ..inputs import MAX_DEPTH, InputRefused, load_json, text_depth, unstorable
@@ -106,7 +106,9 @@ class ModelEndpoint:
             retries=settings.LOOPGUARD_MODEL_RETRIES,
         )
 
-    def complete(self, messages: Sequence[Any], tools: Sequence[Any]) -> dict[str, Any]:
+    def complete(
+        self, messages: Sequence[Any], tools: Sequence[Any], *, max_tokens: int | None = None
+    ) -> dict[str, Any]:
         """One chat completion, or :class:`ModelUnavailable` saying why there is none.
 
         Asks again (``retries`` times, 0.5 s, 1 s, 2 s… apart) only when the model cannot
@@ -125,7 +127,7 @@ class ModelEndpoint:
             if attempt:
                 time.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
             try:
-                raw = self._ask(messages, tools)
+                raw = self._ask(messages, tools, max_tokens)
             except openai.APIStatusError as exc:
                 said = self.redact(_excerpt(exc.response.content[:2000]))
                 problem = f"the model answered HTTP {exc.status_code}: {said}"
@@ -161,7 +163,9 @@ class ModelEndpoint:
             return reply
         raise ModelUnavailable(f"{problem} (after {self.retries + 1} attempts)")
 
-    def _ask(self, messages: Sequence[Any], tools: Sequence[Any]) -> bytes:
+    def _ask(
+        self, messages: Sequence[Any], tools: Sequence[Any], max_tokens: int | None
+    ) -> bytes:
         """One request; the reply's body as sent (at most ``MAX_REPLY_BYTES`` + 1 bytes).
 
         The body is kept raw rather than parsed into the library's types: the conversation
@@ -183,7 +187,8 @@ class ModelEndpoint:
             client.chat.completions.with_streaming_response.create(
                 model=self.model,
                 messages=list(messages),
-                tools=list(tools),
+                tools=list(tools) if tools else openai.omit,
+                max_tokens=openai.omit if max_tokens is None else max_tokens,
                 extra_headers={} if self.api_key else {"Authorization": openai.omit},
             ) as response,
         ):
@@ -266,6 +271,22 @@ class ChatAgent(Agent):
 
     tool_parameters: ClassVar[Mapping[str, Mapping[str, Any]]]
 
+    @property
+    def model(self) -> str:  # type: ignore[override]  # the configured model's name
+        """The configured model, whose price the spend budget charges."""
+        return str(settings.LOOPGUARD_MODEL_NAME)
+
+    @property
+    def max_output_tokens(self) -> int:  # type: ignore[override]
+        """Each reply's cap, sent with the request: the output part of its reservation."""
+        return int(settings.LOOPGUARD_MODEL_MAX_OUTPUT_TOKENS)
+
+    def prompt_tokens(self, observation: Any) -> int:
+        """An overestimate of the next request's input: a token per three characters of
+        the conversation and the tool schemas, and of what answers the last calls."""
+        sent = (self.memory.get("messages"), self._schemas(), _encoded(observation))
+        return len(json.dumps(sent, default=str)) // 3 + 16
+
     def tool_specs(self) -> Mapping[str, ToolSpec]:
         """Each tool's effect and, for a write, how its operation key is named."""
         raise NotImplementedError
@@ -305,10 +326,8 @@ class ChatAgent(Agent):
             messages.extend(openai_tool_messages(calls_from_openai(asked, specs), observation))
             self.memory["asked"] = None
         endpoint = self.endpoint()
-        reply = endpoint.complete(messages, self._schemas())
-        usage = reply.get("usage")
-        if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
-            self.tokens = max(0, usage["total_tokens"])
+        reply = endpoint.complete(messages, self._schemas(), max_tokens=self.max_output_tokens)
+        self._charge(reply)
         try:
             message = reply["choices"][0]["message"]
         except (KeyError, IndexError, TypeError):
@@ -328,6 +347,41 @@ class ChatAgent(Agent):
         # (bad_call, bad_args, missing_operation_key) before anything runs.
         return cast("list[Call] | Finish", proposal)
 
+    def summarise(self, prompt: str, observation: Any) -> Any:
+        """The summary turn: the conversation so far (the last calls answered with what
+        became of them, ``observation``), ``prompt`` as the user's last word, and no tools
+        offered."""
+        messages: list[Any] = list(self.memory.get("messages") or [])
+        asked = self.memory.get("asked")
+        if asked is not None:  # calls the model asked for must be answered before it speaks
+            turn = calls_from_openai(asked, self.tool_specs())
+            messages.extend(openai_tool_messages(turn, observation))
+        messages.append({"role": "user", "content": prompt})
+        endpoint = self.endpoint()
+        reply = endpoint.complete(messages, (), max_tokens=self.max_output_tokens)
+        self._charge(reply)
+        try:
+            message = reply["choices"][0]["message"]
+        except (KeyError, IndexError, TypeError):
+            return ""
+        if not isinstance(message, dict):
+            return ""
+        if message.get("tool_calls"):
+            return calls_from_openai(message, self.tool_specs()).proposal
+        content = message.get("content")
+        return content if isinstance(content, str) else ""
+
+    def _charge(self, reply: Mapping[str, Any]) -> None:
+        """Report the reply's usage: its tokens, in and out."""
+        usage = reply.get("usage")
+        if not isinstance(usage, dict):
+            return
+        if isinstance(usage.get("total_tokens"), int):
+            self.tokens = max(0, usage["total_tokens"])
+        given, taken = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(given, int) and isinstance(taken, int):
+            self.input_tokens, self.output_tokens = max(0, given), max(0, taken)
+
     def _schemas(self) -> list[dict[str, Any]]:
         return [
             {
@@ -340,6 +394,15 @@ class ChatAgent(Agent):
             }
             for tool in self.tools()
         ]
+
+
+def _encoded(observation: Any) -> Any:
+    """An observation as JSON-ready data, for estimating its size."""
+    if isinstance(observation, Result):
+        return observation.to_dict()
+    if isinstance(observation, list):
+        return [item.to_dict() if isinstance(item, Result) else str(item) for item in observation]
+    return None if observation is None else str(observation)
 
 
 def _as_sent(message: Mapping[str, Any]) -> dict[str, Any]:

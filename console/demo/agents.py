@@ -44,6 +44,7 @@ __all__ = [
     "LostResponse",
     "MissingPrecondition",
     "Oscillation",
+    "PaidReader",
     "Paging",
     "PermanentError",
     "RepeatedWrite",
@@ -534,12 +535,13 @@ def _job_settlement(operation_key: str) -> Settlement:
     return Settlement(True, Result(Kind.SUCCESS, _job_data(job)), evidence=evidence)
 
 
-class BudgetBurner(_PageReader):
+class BudgetBurner(_Summarising):
     """A budget runs out: the next model call or execution is refused before it starts.
 
     ``{"dimension": "model_calls"}`` reads one page per model call and runs out of model
     calls; ``{"dimension": "executions"}`` fans out three reads per model call and runs
     out of executions in the middle of the second model call, before any of it runs.
+    ``{"summary": "yes"}`` adds the summary turn after the stop.
     """
 
     name = "budget_burner"
@@ -553,6 +555,7 @@ class BudgetBurner(_PageReader):
     }
     fields: ClassVar[Mapping[str, Field]] = {
         "dimension": Field(str, default="model_calls", choices=("model_calls", "executions")),
+        "summary": Field(str, default="no", choices=("yes", "no")),
     }
 
     def goal_pages(self) -> int:
@@ -564,6 +567,72 @@ class BudgetBurner(_PageReader):
         fan_out = 3 if self.options["dimension"] == "executions" else 1
         calls = self.next_pages(fan_out)
         return calls if fan_out > 1 else calls[0]
+
+
+class _Summarising(_PageReader):
+    """A page reader that, with ``{"summary": "yes"}``, answers the user once more after a
+    budget stop: a scripted summary turn standing in for the model's."""
+
+    @property
+    def summary_turn(self) -> bool:  # type: ignore[override]  # chosen per task
+        """On when the input asks for it."""
+        return bool(self.options.get("summary") == "yes")
+
+    def summarise(self, prompt: str, observation: Any) -> Any:
+        """What a model would say: how far it got, and why it stopped (from ``prompt``)."""
+        read = len(self.memory.get("verified_pages", []))
+        why = prompt.split(":", 1)[0].removeprefix("The task was ")
+        return (
+            f"I read {read} of {self.goal_pages()} pages of the {self.collection()} before I "
+            f"was {why}. The rest is not read yet; a person can grant more budget to finish."
+        )
+
+
+class PaidReader(_Summarising):
+    """Money runs out: each model call reserves its maximum cost first, and the call whose
+    reservation does not fit is refused before it starts (``PARTIAL``/``spend_budget``).
+
+    Its scripted planner stands in for a priced model (``demo-scripted`` in
+    ``LOOPGUARD_MODEL_PRICES``): each call reserves 1,000 tokens in and its 500-token cap
+    out, and reports 1,000 in and 200 out. At the default prices (2 and 8 per million
+    tokens, in millionths of a dollar: 6,000 reserved, 3,600 spent) a spend budget of
+    20,000 pays for four calls; the fifth's reservation no longer fits.
+    """
+
+    name = "paid_reader"
+    title = "Paid reader"
+    description = "Reads the archive on a priced model until its spend budget runs out."
+    example_input: ClassVar[Mapping[str, Any]] = {"pages": 10}
+    default_limits: ClassVar[Mapping[str, Any]] = {
+        **BASE_LIMITS,
+        "deadline_ms": 5000,
+        "model_calls": 20,
+        "requests": 20,
+        "executions": 20,
+        "spend": 20_000,
+    }
+    fields: ClassVar[Mapping[str, Field]] = {
+        "pages": Field(int, default=10, maximum=10),
+        "summary": Field(str, default="no", choices=("yes", "no")),
+    }
+    model = "demo-scripted"
+    max_output_tokens = 500
+
+    def goal_pages(self) -> int:
+        """As many pages as the input asks for (the archive has ten)."""
+        pages: int = self.options["pages"]
+        return pages
+
+    def prompt_tokens(self, observation: Any) -> int:
+        """What its scripted prompt would be: a thousand tokens."""
+        return 1000
+
+    def plan(self, observation: Any) -> Call | list[Call] | Finish:
+        """The next page, reporting the usage a model's reply would."""
+        self.tokens, self.input_tokens, self.output_tokens = 1200, 1000, 200
+        if len(self.memory.get("verified_pages", [])) >= self.goal_pages():
+            return Finish(f"read {self.goal_pages()} pages")
+        return self.next_pages()[0]
 
 
 class UnknownKind(_Demo):

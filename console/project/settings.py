@@ -17,6 +17,7 @@ from django.utils.csp import CSP
 from console.agents import agents_from_environment
 from console.logs import logging_config
 from console.project.environment import check_environment
+from console.spend import prices_from_environment
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 
@@ -361,6 +362,19 @@ if LOOPGUARD_MODEL_TIMEOUT_SECONDS <= 0 or LOOPGUARD_MODEL_RETRIES < 0:
     raise ImproperlyConfigured(
         "LOOPGUARD_MODEL_TIMEOUT_SECONDS must be above 0 and LOOPGUARD_MODEL_RETRIES at least 0"
     )
+LOOPGUARD_MODEL_MAX_OUTPUT_TOKENS = env_int("LOOPGUARD_MODEL_MAX_OUTPUT_TOKENS", 1024)
+if LOOPGUARD_MODEL_MAX_OUTPUT_TOKENS < 1:
+    raise ImproperlyConfigured("LOOPGUARD_MODEL_MAX_OUTPUT_TOKENS must be at least 1")
+# Spend: an integer count of the currency's minor unit (console/spend.py). Prices are
+# "model=input:output" in minor units per million tokens; the demo's scripted planner
+# stands in for a model priced at 2 and 8 dollars a million tokens.
+LOOPGUARD_CURRENCY = env_str("LOOPGUARD_CURRENCY", "USD")
+LOOPGUARD_CURRENCY_DECIMALS = env_int("LOOPGUARD_CURRENCY_DECIMALS", 6)
+if not 0 <= LOOPGUARD_CURRENCY_DECIMALS <= 9:
+    raise ImproperlyConfigured("LOOPGUARD_CURRENCY_DECIMALS must be between 0 and 9")
+LOOPGUARD_MODEL_PRICES = prices_from_environment(
+    env_str("LOOPGUARD_MODEL_PRICES", "demo-scripted=2000000:8000000")
+)
 if LOOPGUARD_MODEL_URL:
     LOOPGUARD_AGENTS["support_desk_model"] = "console.demo.support_desk.SupportDeskModel"
 # More agents without a settings module of one's own: "name=package.module.Class, ...",
