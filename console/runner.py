@@ -240,6 +240,10 @@ class _Driver:
         reserved = False  # the next model call is already counted in the row
         if self.fresh and (rejected := guard.rejection()) is not None:
             self.observation = rejected  # a person said no: the model hears it first
+            told = _event(
+                EventKind.NOTE, tool=rejected.tool, detail=f"told the model: {rejected.message}"
+            )
+            self.pending.append(told)  # saved with the first step
         approved = guard.before_approved()  # a person said yes: that call runs first
         if approved is not None:
             stopped = self._run_approved(approved)

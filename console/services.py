@@ -36,8 +36,11 @@ from .inputs import (
     unstorable,
 )
 from .models import (
+    Approval,
+    ApprovalState,
     AuditAction,
     AuditEntry,
+    OnReject,
     Operation,
     OperationState,
     Phase,
@@ -423,15 +426,12 @@ def task_approve_resumption(
             if task.state == TaskState.COMPLETED:
                 raise StaleState(f"task {task.id} is completed: there is nothing to resume")
             raise StaleState(f"task {task.id} is {task.state}, not stopped")
-        uncertain = list(
-            Operation.objects.filter(
-                task_id=task.id, state__in=[OperationState.UNKNOWN, OperationState.IN_FLIGHT]
-            ).values_list("key", flat=True)
-        )
-        if uncertain:
+        if task.reason == "approval_required":
             raise Refused(
-                "reconcile first: " + ", ".join(uncertain) + " may or may not have happened"
+                "a call waits for approval: approve or reject it in the approval queue, "
+                "which resumes the task"
             )
+        _require_settled(task)
         needed = BUDGET_REASONS.get(task.reason)
         if needed and grant.get(needed, 0) <= 0:
             label = next((d.label for d in DIMENSIONS if d.limit == needed), needed)
@@ -456,6 +456,98 @@ def task_approve_resumption(
         transaction.on_commit(lambda: enqueue(task.id))
     task.refresh_from_db()
     return task
+
+
+# -- approvals -------------------------------------------------------------------------------
+
+
+def approval_approve(
+    *, approval_id: int, actor: User, reason: str, enqueue: Enqueue = _enqueue
+) -> Approval:
+    """Say yes to the call a stopped task holds back: the task resumes in a new phase that
+    runs exactly that call first, once, through the ledger; its budgets carry over."""
+    return _answer(approval_id, actor, reason, approve=True, resume=True, enqueue=enqueue)
+
+
+def approval_reject(
+    *,
+    approval_id: int,
+    actor: User,
+    reason: str,
+    resume: bool,
+    enqueue: Enqueue = _enqueue,
+) -> Approval:
+    """Say no to the call a stopped task holds back. With ``resume`` the task goes on in a
+    new phase whose model is told the call was refused and why (asking for it again ends
+    the task); without, the task ends ``PARTIAL``/``approval_rejected``."""
+    return _answer(approval_id, actor, reason, approve=False, resume=resume, enqueue=enqueue)
+
+
+def _answer(
+    approval_id: int,
+    actor: User,
+    reason: str,
+    *,
+    approve: bool,
+    resume: bool,
+    enqueue: Enqueue,
+) -> Approval:
+    reason = _required(reason)
+    with transaction.atomic():
+        found = Approval.objects.filter(id=approval_id).values_list("task_id", flat=True).first()
+        if found is None:
+            raise NotFound(f"there is no approval {approval_id}")
+        task = _lock_task(found)  # the task's row first, as every service locks it
+        approval = Approval.objects.select_for_update().get(id=approval_id)
+        if not approval.is_pending:
+            who = approval.decided_by.get_username() if approval.decided_by else "someone"
+            raise StaleState(f"approval {approval.id} was already {approval.state} by {who}")
+        waiting = (
+            task.state == TaskState.NEEDS_HUMAN
+            and task.reason == "approval_required"
+            and task.phase == approval.phase
+        )
+        if not waiting:
+            raise StaleState(f"task {task.id} no longer waits for this call ({task.state})")
+        if resume:
+            _require_settled(task)
+        now = timezone.now()
+        state = ApprovalState.APPROVED if approve else ApprovalState.REJECTED
+        on_reject = "" if approve else (OnReject.RESUME if resume else OnReject.END)
+        moved = Approval.objects.filter(id=approval.id, state=ApprovalState.PENDING).update(
+            state=state, decided_by=actor, decided_at=now, reason=reason, on_reject=on_reject
+        )
+        if moved != 1:  # pragma: no cover - the row is locked above
+            raise StaleState(f"approval {approval.id} was answered meanwhile")
+        approval.refresh_from_db()
+        before = {"state": task.state, "reason": task.reason, "approval": ApprovalState.PENDING}
+        after: dict[str, Any] = {"approval": state, "tool": approval.tool}
+        if approval.operation_key:
+            after["operation_key"] = approval.operation_key
+        if resume:
+            number = _moving(
+                lifecycle.resume, task, actor=actor, note=reason, grant={}, limits=task.limits
+            )
+            after |= {"state": TaskState.QUEUED, "phase": number}
+            transaction.on_commit(lambda: enqueue(task.id))
+        else:
+            detail = f"a person rejected the call to {approval.tool}: {reason}"
+            _moving(lifecycle.close, task, reason="approval_rejected", detail=detail)
+            after |= {"state": TaskState.PARTIAL, "reason": "approval_rejected"}
+        action = AuditAction.APPROVE_CALL if approve else AuditAction.REJECT_CALL
+        _audit(actor, action, reason, task=task, approval=approval, before=before, after=after)
+    return approval
+
+
+def _require_settled(task: Task) -> None:
+    """A new phase may open only once no write of the task is uncertain."""
+    uncertain = list(
+        Operation.objects.filter(
+            task_id=task.id, state__in=[OperationState.UNKNOWN, OperationState.IN_FLIGHT]
+        ).values_list("key", flat=True)
+    )
+    if uncertain:
+        raise Refused("reconcile first: " + ", ".join(uncertain) + " may or may not have happened")
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -574,6 +666,7 @@ def _audit(
     task: Task | None = None,
     task_id: int | None = None,
     operation: Operation | None = None,
+    approval: Approval | None = None,
     before: Mapping[str, Any] | None = None,
     after: Mapping[str, Any] | None = None,
 ) -> AuditEntry:
@@ -584,6 +677,7 @@ def _audit(
         action=action,
         task_id=task.id if task is not None else task_id,
         operation=operation,
+        approval=approval,
         reason=reason,
         before=dict(before or {}),
         after=dict(after or {}),
@@ -600,6 +694,8 @@ __all__ = [
     "Refused",
     "ServiceError",
     "StaleState",
+    "approval_approve",
+    "approval_reject",
     "operation_look_up",
     "operation_mark_committed",
     "operation_mark_not_committed",

@@ -35,7 +35,8 @@ class SupportDesk(Agent):
     Input: ``{"order": 42, "amount_cents": 1500, "reason": "..."}``, and optionally
     ``"lose_response": "refund" | "notify_customer"`` to have that write commit and then
     lose its response on its first attempt (the fault is remembered by the desk, so a
-    resumed task does not lose it again).
+    resumed task does not lose it again), and ``"approve_above_cents": N`` to have a
+    person approve a refund of more than N cents before it runs.
     """
 
     name = "support_desk"
@@ -61,6 +62,7 @@ class SupportDesk(Agent):
         "amount_cents": Field(int),
         "reason": Field(str),
         "lose_response": Field(str, default=None, choices=("refund", "notify_customer")),
+        "approve_above_cents": Field(int, default=None, minimum=0),
     }
 
     def __init__(self, task_id: int, input: Mapping[str, Any], memory: dict[str, Any]) -> None:
@@ -70,6 +72,7 @@ class SupportDesk(Agent):
         self.amount_cents: int = options["amount_cents"]
         self.reason: str = options["reason"]
         self.lose_response: str | None = options["lose_response"]
+        self.approve_above_cents: int | None = options["approve_above_cents"]
 
     @classmethod
     def validate_input(cls, input: Mapping[str, Any]) -> None:
@@ -96,9 +99,16 @@ class SupportDesk(Agent):
                 self._refund,
                 lookup=_refund_settlement,
                 description="Refund an order (once per operation key).",
+                approval="never" if self.approve_above_cents is None else self._large_refund,
             ),
             notice_tool("notify_customer", lose_response=self.lose_response == "notify_customer"),
         ]
+
+    def _large_refund(self, call: Call) -> bool:
+        """A refund above the input's limit waits for a person (an unreadable amount too)."""
+        cents = call.args.get("amount_cents")
+        limit = self.approve_above_cents
+        return limit is not None and (not isinstance(cents, int) or cents > limit)
 
     # -- the model -----------------------------------------------------------------------
 

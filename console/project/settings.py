@@ -346,6 +346,7 @@ LOOPGUARD_AGENTS = {
     "missing_precondition": "console.demo.agents.MissingPrecondition",
     "slow_job": "console.demo.agents.SlowJob",
     "budget_burner": "console.demo.agents.BudgetBurner",
+    "paid_reader": "console.demo.agents.PaidReader",
     "unknown_kind": "console.demo.agents.UnknownKind",
     "unverified_finish": "console.demo.agents.UnverifiedFinish",
     "long_runner": "console.demo.agents.LongRunner",

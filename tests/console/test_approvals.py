@@ -1,0 +1,142 @@
+"""A refund over the limit waits for a person: approved, it runs once; rejected, never."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from django.contrib.auth.models import User
+
+from console import runner, services
+from console.demo.models import Refund
+from console.models import (
+    Approval,
+    ApprovalState,
+    AuditAction,
+    AuditEntry,
+    Operation,
+    StopReport,
+    Task,
+    TaskState,
+    TraceEvent,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Start = Callable[..., Task]
+LARGE = {"order": 42, "amount_cents": 1500, "reason": "damaged", "approve_above_cents": 1000}
+
+
+@pytest.fixture
+def approver(django_user_model: type[User]) -> User:
+    return django_user_model.objects.create_user("ada", password="pw-ada")
+
+
+def _held(start: Start) -> tuple[Task, Approval]:
+    task = start("support_desk", LARGE)
+    assert runner.drive(task.id) == "NEEDS_HUMAN/approval_required"
+    task.refresh_from_db()
+    return task, Approval.objects.get(task=task)
+
+
+def test_a_refund_over_the_limit_stops_for_approval_before_it_is_claimed(
+    seeded: None, start: Start
+) -> None:
+    task, approval = _held(start)
+
+    assert (task.state, task.reason) == (TaskState.NEEDS_HUMAN, "approval_required")
+    assert Refund.objects.count() == 0
+    assert not Operation.objects.filter(key="order-42-refund").exists()  # never claimed
+    assert approval.state == ApprovalState.PENDING
+    assert (approval.tool, approval.operation_key) == ("refund", "order-42-refund")
+    assert approval.args == {"order": 42, "amount_cents": 1500}
+    report = StopReport.objects.get(task=task).report
+    assert report["pending"]["fingerprint"] == approval.fingerprint
+
+
+def test_an_approved_refund_runs_once_without_asking_the_model_again(
+    seeded: None, start: Start, approver: User
+) -> None:
+    task, approval = _held(start)
+    calls_before = task.model_calls
+
+    services.approval_approve(
+        approval_id=approval.id, actor=approver, reason="checked the order", enqueue=lambda _: None
+    )
+    outcome = runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert outcome == "COMPLETED/goal_met"
+    assert Refund.objects.count() == 1
+    assert Operation.objects.get(key="order-42-refund").state == "COMMITTED"
+    # The phase began with the approved call: a note, then the refund, before any model call.
+    phase_2 = list(
+        TraceEvent.objects.filter(task=task, phase=2)
+        .order_by("seq")
+        .values_list("kind", "tool")[:2]
+    )
+    assert phase_2 == [("note", "refund"), ("request", "refund")]
+    # The notice took one model call (its verified result meets the goal); the refund none.
+    assert task.model_calls == calls_before + 1
+    entry = AuditEntry.objects.get(action=AuditAction.APPROVE_CALL)
+    assert (entry.actor, entry.approval_id, entry.task_id) == (approver, approval.id, task.id)
+
+
+def test_an_approval_is_answered_once(seeded: None, start: Start, approver: User) -> None:
+    _, approval = _held(start)
+    services.approval_approve(
+        approval_id=approval.id, actor=approver, reason="ok", enqueue=lambda _: None
+    )
+
+    with pytest.raises(services.StaleState, match="already APPROVED by ada"):
+        services.approval_reject(approval_id=approval.id, actor=approver, reason="no", resume=False)
+
+
+def test_a_rejected_refund_is_told_to_the_model_and_never_happens(
+    seeded: None, start: Start, approver: User
+) -> None:
+    task, approval = _held(start)
+
+    services.approval_reject(
+        approval_id=approval.id,
+        actor=approver,
+        reason="above the goodwill limit",
+        resume=True,
+        enqueue=lambda _: None,
+    )
+    outcome = runner.drive(task.id)
+
+    task.refresh_from_db()
+    # The scripted planner asks for the refund again: the task ends without running it.
+    assert outcome == "PARTIAL/approval_rejected"
+    assert Refund.objects.count() == 0
+    assert not Operation.objects.filter(key="order-42-refund").exists()
+    told = TraceEvent.objects.get(task=task, phase=2, kind="note")
+    assert "above the goodwill limit" in told.detail
+    assert "will not be run" in told.detail and "try again" not in told.detail.lower()
+    stop = TraceEvent.objects.filter(task=task, phase=2, kind="stop").get()
+    assert "approval_rejected" in stop.reason
+
+
+def test_a_rejection_may_end_the_task_at_once(seeded: None, start: Start, approver: User) -> None:
+    task, approval = _held(start)
+
+    services.approval_reject(
+        approval_id=approval.id, actor=approver, reason="fraud suspected", resume=False
+    )
+
+    task.refresh_from_db()
+    assert (task.state, task.reason) == (TaskState.PARTIAL, "approval_rejected")
+    assert "fraud suspected" in task.detail
+    assert StopReport.objects.filter(task=task).latest("id").reason == "approval_rejected"
+    assert Refund.objects.count() == 0
+    assert AuditEntry.objects.get(action=AuditAction.REJECT_CALL).reason == "fraud suspected"
+
+
+def test_a_task_waiting_for_an_approval_is_not_resumed_past_it(
+    seeded: None, start: Start, approver: User
+) -> None:
+    task, _ = _held(start)
+
+    with pytest.raises(services.Refused, match="approval queue"):
+        services.task_approve_resumption(task_id=task.id, actor=approver, reason="go on")
