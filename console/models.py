@@ -257,6 +257,9 @@ class TraceEvent(models.Model):
     operation_key = models.CharField(max_length=200, blank=True)
     latency_ms = models.PositiveIntegerField(null=True, blank=True)
     tokens = models.PositiveIntegerField(null=True, blank=True)
+    cost = models.PositiveBigIntegerField(null=True, blank=True)
+    """A model call's spend, in the minor unit of ``LOOPGUARD_CURRENCY`` (the dashboard's
+    spend today and this week sum it, over ``trace_at_brin``)."""
     detail = models.TextField(blank=True)
 
     class Meta:

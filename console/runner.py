@@ -283,6 +283,8 @@ class _Driver:
                 self._save(_model_event(None, started, agent.tokens, guard.revision, detail))
                 return self._finish(guard.planner_failed(failure))
             model_event = _model_event(proposal, started, agent.tokens, guard.revision)
+            if reserve or agent.cost is not None:
+                model_event["cost"] = self._cost(reserve)
             if isinstance(proposal, Finish):
                 report = guard.finish(proposal, agent.inspect)
                 self._save(model_event)
@@ -550,6 +552,7 @@ class _Driver:
             decision=Decision.FINISHED,
             latency_ms=_ms(time.monotonic() - started),
             tokens=agent.tokens or None,
+            cost=self._cost(reserve) if reserve or agent.cost is not None else None,
             revision=report.revision,
             detail="summary: " + (report.summary or "")[:480],
         )

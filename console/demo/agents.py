@@ -535,6 +535,25 @@ def _job_settlement(operation_key: str) -> Settlement:
     return Settlement(True, Result(Kind.SUCCESS, _job_data(job)), evidence=evidence)
 
 
+class _Summarising(_PageReader):
+    """A page reader that, with ``{"summary": "yes"}``, answers the user once more after a
+    budget stop: a scripted summary turn standing in for the model's."""
+
+    @property
+    def summary_turn(self) -> bool:  # type: ignore[override]  # chosen per task
+        """On when the input asks for it."""
+        return bool(self.options.get("summary") == "yes")
+
+    def summarise(self, prompt: str, observation: Any) -> Any:
+        """What a model would say: how far it got, and why it stopped (from ``prompt``)."""
+        read = len(self.memory.get("verified_pages", []))
+        why = prompt.split(":", 1)[0].removeprefix("The task was ")
+        return (
+            f"I read {read} of {self.goal_pages()} pages of the {self.collection()} before I "
+            f"was {why}. The rest is not read yet; a person can grant more budget to finish."
+        )
+
+
 class BudgetBurner(_Summarising):
     """A budget runs out: the next model call or execution is refused before it starts.
 
@@ -567,25 +586,6 @@ class BudgetBurner(_Summarising):
         fan_out = 3 if self.options["dimension"] == "executions" else 1
         calls = self.next_pages(fan_out)
         return calls if fan_out > 1 else calls[0]
-
-
-class _Summarising(_PageReader):
-    """A page reader that, with ``{"summary": "yes"}``, answers the user once more after a
-    budget stop: a scripted summary turn standing in for the model's."""
-
-    @property
-    def summary_turn(self) -> bool:  # type: ignore[override]  # chosen per task
-        """On when the input asks for it."""
-        return bool(self.options.get("summary") == "yes")
-
-    def summarise(self, prompt: str, observation: Any) -> Any:
-        """What a model would say: how far it got, and why it stopped (from ``prompt``)."""
-        read = len(self.memory.get("verified_pages", []))
-        why = prompt.split(":", 1)[0].removeprefix("The task was ")
-        return (
-            f"I read {read} of {self.goal_pages()} pages of the {self.collection()} before I "
-            f"was {why}. The rest is not read yet; a person can grant more budget to finish."
-        )
 
 
 class PaidReader(_Summarising):

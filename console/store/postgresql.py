@@ -124,7 +124,7 @@ _EVENT_TEXT = (
     "operation_key",
     "detail",
 )
-_EVENT_NUMBERS = ("revision", "latency_ms", "tokens")
+_EVENT_NUMBERS = ("revision", "latency_ms", "tokens", "cost")
 _EVENTS = (
     "INSERT INTO console_traceevent (task_id, phase, seq, at, "  # noqa: S608 - constants only
     + ", ".join((*_EVENT_TEXT, *_EVENT_NUMBERS))

@@ -1,0 +1,113 @@
+"""Spend on hosted runs: each model call's maximum cost is reserved, and stored, before it
+starts; the call that does not fit is refused; a summary turn answers after a stop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from console import runner
+from console.models import StopReport, Task, TaskState, TraceEvent
+from console.spend import money, prices_from_environment
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Start = Callable[..., Task]
+
+# paid_reader at the default demo price: 1,000 tokens in and a 500-token cap out reserve
+# 2 * 1000 + 8 * 500 = 6,000; each reply of 1,000 in and 200 out costs 2,000 + 1,600.
+RESERVED, COST = 6_000, 3_600
+
+
+def test_spend_runs_out_mid_task_and_the_call_that_does_not_fit_never_starts(
+    seeded: None, start: Start
+) -> None:
+    task = start("paid_reader", {"pages": 10})
+
+    outcome = runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert outcome == "PARTIAL/spend_budget"
+    # 4 calls cost 14,400; a fifth reservation (20,400) does not fit in 20,000.
+    assert task.model_calls == 4
+    assert task.spend == 4 * COST
+    report = StopReport.objects.get(task=task).report
+    assert report["used"]["spend"] == 4 * COST
+    assert report["remaining_budget"]["spend"] == 20_000 - 4 * COST
+    assert "may cost 6000; 5600 left" in report["detail"]
+    costs = list(
+        TraceEvent.objects.filter(task=task, kind="model_call").values_list("cost", flat=True)
+    )
+    assert costs == [COST] * 4
+
+
+def test_a_reservation_is_stored_before_the_paid_call_goes_out(
+    seeded: None, start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from console.demo.agents import PaidReader
+
+    seen: list[int] = []
+    plan = PaidReader.plan
+
+    def watching(self: PaidReader, observation: Any) -> Any:
+        # What the database holds while the model "thinks": the reservation is in it.
+        seen.append(Task.objects.values_list("spend", flat=True).get(id=self.task_id))
+        return plan(self, observation)
+
+    monkeypatch.setattr(PaidReader, "plan", watching)
+    task = start("paid_reader", {"pages": 2})
+
+    runner.drive(task.id)
+
+    assert seen[:2] == [RESERVED, COST + RESERVED]
+
+
+def test_a_summary_turn_after_a_budget_stop_is_added_to_the_stop_report(
+    seeded: None, start: Start
+) -> None:
+    task = start("budget_burner", {"dimension": "model_calls", "summary": "yes"})
+
+    outcome = runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert outcome == "PARTIAL/model_budget"
+    assert (task.state, task.reason) == (TaskState.PARTIAL, "model_budget")
+    first, latest = StopReport.objects.filter(task=task).order_by("id")
+    assert first.report["summary"] is None  # the stop as it was recorded stays
+    assert latest.report["summary"].startswith("I read 2 of 10 pages")
+    assert "stopped (model_budget)" in latest.report["summary"]
+    turn = TraceEvent.objects.filter(task=task, kind="model_call").latest("seq")
+    assert turn.detail.startswith("summary: I read 2 of 10 pages")
+
+
+def test_no_summary_turn_is_taken_unless_the_agent_asks_for_one(
+    seeded: None, start: Start
+) -> None:
+    task = start("budget_burner", {"dimension": "model_calls"})
+
+    runner.drive(task.id)
+
+    assert StopReport.objects.filter(task=task).count() == 1
+
+
+def test_money_reads_in_the_currency_without_floats(settings: Any) -> None:
+    settings.LOOPGUARD_CURRENCY, settings.LOOPGUARD_CURRENCY_DECIMALS = "USD", 6
+    assert money(14_400) == "USD 0.0144"
+    assert money(20_000_000) == "USD 20.00"
+    assert money(None) == "—"
+    settings.LOOPGUARD_CURRENCY_DECIMALS = 2
+    assert money(123_456) == "USD 1,234.56"
+
+
+@pytest.mark.parametrize("value", ["gpt=1", "gpt=1:x", "=1:2", "gpt=1:2,gpt=3:4", "gpt=-1:2"])
+def test_a_malformed_price_is_refused_naming_the_entry(value: str) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match="LOOPGUARD_MODEL_PRICES"):
+        prices_from_environment(value)
+
+
+def test_prices_read_as_minor_units_per_million_tokens() -> None:
+    assert prices_from_environment(" a=1:2 , b=30:40 ,") == {"a": (1, 2), "b": (30, 40)}
