@@ -22,6 +22,7 @@ from guard import Reason as GuardReason
 from guard import State as GuardState
 
 RESTART_LOOP = "restart_loop"
+APPROVAL_REQUIRED = GuardReason.APPROVAL_REQUIRED.value
 
 
 class TaskState(models.TextChoices):
@@ -186,11 +187,17 @@ class Task(models.Model):
 
     @property
     def can_resume(self) -> bool:
-        """An approver may open a new phase: it stopped short of its goal (not completed).
+        """An approver may open a new phase: it stopped short of its goal (not completed),
+        and not for a held call, which its approval's answer resumes.
 
         Whether a write is still uncertain is a question for its operations, asked apart.
         """
-        return self.state in RESUMABLE_STATES
+        return self.state in RESUMABLE_STATES and not self.waits_for_approval
+
+    @property
+    def waits_for_approval(self) -> bool:
+        """It stopped for a call a person must approve or reject (the approval queue)."""
+        return self.state == TaskState.NEEDS_HUMAN and self.reason == APPROVAL_REQUIRED
 
 
 class Phase(models.Model):

@@ -422,15 +422,15 @@ def task_approve_resumption(
             raise InvalidInput(f"the grant of {name} must be a whole number ≥ 0")
     with transaction.atomic():
         task = _lock_task(task_id)
-        if not task.can_resume:
-            if task.state == TaskState.COMPLETED:
-                raise StaleState(f"task {task.id} is completed: there is nothing to resume")
-            raise StaleState(f"task {task.id} is {task.state}, not stopped")
-        if task.reason == "approval_required":
+        if task.waits_for_approval:
             raise Refused(
                 "a call waits for approval: approve or reject it in the approval queue, "
                 "which resumes the task"
             )
+        if not task.can_resume:
+            if task.state == TaskState.COMPLETED:
+                raise StaleState(f"task {task.id} is completed: there is nothing to resume")
+            raise StaleState(f"task {task.id} is {task.state}, not stopped")
         _require_settled(task)
         needed = BUDGET_REASONS.get(task.reason)
         if needed and grant.get(needed, 0) <= 0:
@@ -502,12 +502,7 @@ def _answer(
         if not approval.is_pending:
             who = approval.decided_by.get_username() if approval.decided_by else "someone"
             raise StaleState(f"approval {approval.id} was already {approval.state} by {who}")
-        waiting = (
-            task.state == TaskState.NEEDS_HUMAN
-            and task.reason == "approval_required"
-            and task.phase == approval.phase
-        )
-        if not waiting:
+        if not (task.waits_for_approval and task.phase == approval.phase):
             raise StaleState(f"task {task.id} no longer waits for this call ({task.state})")
         if resume:
             _require_settled(task)
