@@ -32,9 +32,9 @@ from guard.steps import Operation as Entry
 
 from .models import (
     RESTART_LOOP,
-    Approval,
     RESUMABLE_STATES,
     TERMINAL_STATES,
+    Approval,
     EventKind,
     NoticeKind,
     NotificationEvent,

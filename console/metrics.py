@@ -55,6 +55,7 @@ SPENT: tuple[Dimension, ...] = tuple(
 )
 """The budgets summed by agent, each as ``loopguard_<used>``; a budget declared in
 :data:`guard.steps.DIMENSIONS` gets its series here without another line."""
+_MONEY = "Money spent on model calls, in minor units of LOOPGUARD_CURRENCY,"
 
 
 @dataclass(frozen=True)
@@ -204,9 +205,10 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
         stops.add_metric([state, reason], n)
     yield stops
     for dim in SPENT:
+        what = _MONEY if dim.used == "spend" else f"{dim.label.capitalize()} spent"
         spent = GaugeMetricFamily(
             f"loopguard_{dim.used}",
-            f"{dim.label.capitalize()} spent by all tasks, by agent. A gauge, not a counter: a"
+            f"{what} by all tasks, by agent. A gauge, not a counter: a"
             " driver counts the next step ahead and corrects it when the task stops.",
             labels=["agent"],
         )

@@ -46,7 +46,7 @@ from .ledger import DatabaseLedger
 from .lifecycle import limits_of, recover, usage_of
 from .logs import task_context
 from .models import Approval as ApprovalRow
-from .models import ApprovalState, Decision, EventKind, OnReject, Task, TaskState
+from .models import ApprovalState, Decision, EventKind, Task, TaskState
 from .redaction import preview, redact_text
 from .spend import price_of
 from .store import LeaseLost, Record, Saved, Step, StepStore, open_store
@@ -215,7 +215,7 @@ class _Driver:
         self.tools: dict[str, Tool] = {tool.name: tool for tool in self.agent.tools()}
         self.ledger = DatabaseLedger(store=store)
         self.stop = _StopFact(task, store, heartbeat, self.ledger)
-        self.price = price_of(self.agent.model)
+        self.price = price_of(type(self.agent).model_name())
         options: dict[str, Any] = {
             "now": _monotonic_ms,
             "wait": self.stop.wait,
@@ -677,9 +677,9 @@ def _approvals_for(task: Task) -> list[Approval]:
     )
     answers: list[Approval] = []
     for row in rows:
+        # A rejection that ended the task still binds a later resumption: the model is
+        # told, and asking for that call again ends the task again.
         approved = row.state == ApprovalState.APPROVED
-        if not approved and row.on_reject != OnReject.RESUME:
-            continue
         key = row.operation_key or None
         effect: Effect = "write" if row.effect == "write" else "read"
         call = Call(row.tool, row.args, effect, key)

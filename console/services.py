@@ -48,6 +48,7 @@ from .models import (
     TaskState,
 )
 from .redaction import redact
+from .spend import price_of
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ MAX_INPUT_BYTES = 64 * 1024
 BUDGET_REASONS = {d.reason.value: d.limit for d in DIMENSIONS}
 GRANTABLE = tuple(d.limit for d in DIMENSIONS)
 LIMIT_FIELDS = tuple(f.name for f in fields(Limits))
+_UNLIMITED = Limits()  # a limit a task does not name is the default one
 
 
 class ServiceError(Exception):
@@ -155,6 +157,13 @@ def task_start(
     except ValueError as exc:
         raise InvalidInput(f"invalid input for {agent}: {exc}") from exc
     task_limits = parse_limits(cls.default_limits, limits)
+    if task_limits.get("spend") is not None and not cls.reports_cost:
+        model = cls.model_name()
+        if price_of(model) is None:
+            raise InvalidInput(
+                f"{agent} cannot keep a spend budget: its model "
+                f"{model or '(none named)'} has no price in LOOPGUARD_MODEL_PRICES"
+            )
     user = actor if isinstance(actor, User) else None
 
     with transaction.atomic():
@@ -438,9 +447,10 @@ def task_approve_resumption(
             raise Refused(f"the task ran out of {label}: grant an explicit amount to resume")
         limits = dict(task.limits)
         for name, amount in grant.items():
-            if name == "tokens" and limits.get("tokens") is None:
-                continue  # unbounded stays unbounded
-            limits[name] = int(limits.get(name, 0)) + amount
+            current = limits.get(name, getattr(_UNLIMITED, name))
+            if current is None:
+                continue  # unbounded stays unbounded (tokens, spend)
+            limits[name] = int(current) + amount
         before = {"state": task.state, "reason": task.reason, "limits": task.limits}
         number = _moving(
             lifecycle.resume, task, actor=actor, note=reason, grant=grant, limits=limits
@@ -631,8 +641,6 @@ def _lock_task(task_id: int) -> Task:
     if task is None:
         raise NotFound(f"there is no task {task_id}")
     return task
-
-
 
 
 def _required(text: str, *, what: str = "a reason") -> str:

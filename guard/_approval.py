@@ -30,7 +30,7 @@ _REQUIRED = Refusal(State.NEEDS_HUMAN, Reason.APPROVAL_REQUIRED)
 class ApprovalGate:
     """One task's approval policy and the answers given for this phase."""
 
-    __slots__ = ("_approved", "_offered", "_policy", "_rejected", "_told", "used")
+    __slots__ = ("_approved", "_offered", "_policy", "_rejected", "_told", "active", "used")
 
     def __init__(self, policy: NeedsApproval | None, approvals: Iterable[Approval]) -> None:
         self._policy = policy
@@ -42,13 +42,11 @@ class ApprovalGate:
             bound = (approval.fingerprint, approval.operation_key)
             (self._approved if approval.approved else self._rejected)[bound] = approval
         self.used: list[Bound] = []  # approvals spent, in order (checkpointed)
+        # Whether there is anything to check (a policy, or a rejection to enforce): read
+        # at every executor's entry, so a plain attribute.
+        self.active = policy is not None or bool(self._rejected)
         self._offered = False  # the approved call was handed out to run without the model
         self._told = False  # the rejection was handed to the model
-
-    @property
-    def active(self) -> bool:
-        """Whether the gate has anything to check (a policy, or a rejection to enforce)."""
-        return self._policy is not None or bool(self._rejected)
 
     def check(self, call: Call, fp: str) -> Refusal | bool | None:
         """Whether ``call`` may go on to its claim: ``None`` if no approval is needed,

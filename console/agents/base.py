@@ -70,8 +70,10 @@ class Agent(ABC):
     auto_lookup: bool = True
     """Let the guard settle a lost write with the tool's ``lookup`` before stopping; when
     False, an uncertain write always goes to a human (the lost-response demo does this)."""
-    model: str = ""
+    model: ClassVar[str] = ""
     """The model whose price (``LOOPGUARD_MODEL_PRICES``) the spend budget charges."""
+    reports_cost: ClassVar[bool] = False
+    """Its planner sets ``self.cost`` itself: a spend budget needs no price then."""
     max_output_tokens: int = 0
     """The most tokens one reply may have: the output part of each call's reservation."""
     summary_turn: bool = False
@@ -86,6 +88,11 @@ class Agent(ABC):
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
         self.cost: int | None = None
+
+    @classmethod
+    def model_name(cls) -> str:
+        """The name its price is found under (``model`` unless configured elsewhere)."""
+        return cls.model
 
     def usage_reset(self) -> None:
         """Forget the last model call's usage, before the next one."""

@@ -163,9 +163,7 @@ class ModelEndpoint:
             return reply
         raise ModelUnavailable(f"{problem} (after {self.retries + 1} attempts)")
 
-    def _ask(
-        self, messages: Sequence[Any], tools: Sequence[Any], max_tokens: int | None
-    ) -> bytes:
+    def _ask(self, messages: Sequence[Any], tools: Sequence[Any], max_tokens: int | None) -> bytes:
         """One request; the reply's body as sent (at most ``MAX_REPLY_BYTES`` + 1 bytes).
 
         The body is kept raw rather than parsed into the library's types: the conversation
@@ -271,8 +269,8 @@ class ChatAgent(Agent):
 
     tool_parameters: ClassVar[Mapping[str, Mapping[str, Any]]]
 
-    @property
-    def model(self) -> str:  # type: ignore[override]  # the configured model's name
+    @classmethod
+    def model_name(cls) -> str:
         """The configured model, whose price the spend budget charges."""
         return str(settings.LOOPGUARD_MODEL_NAME)
 

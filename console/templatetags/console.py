@@ -1,4 +1,4 @@
-"""Small template filters: times with their zone, ages, durations, a task's gauges."""
+"""Small template filters: times with their zone, ages, durations, a task's gauges, money."""
 
 from __future__ import annotations
 
@@ -9,11 +9,21 @@ from typing import Any
 from django import template
 from django.utils import timezone
 
+from console.agents import agent_class
 from console.models import Task
 from console.selectors import Gauge, ReportBudget, gauges, report_budgets
-from guard.steps import DIMENSIONS
+from console.spend import money
+from guard.steps import DIMENSIONS, SUMMARY_REASONS
 
 register = template.Library()
+
+MONEY = frozenset(d.used for d in DIMENSIONS if d.limit == "spend")
+"""The budgets counted in the currency's minor unit: they read as money, never as a count."""
+MONEY_LABELS = frozenset(d.label for d in DIMENSIONS if d.used in MONEY)
+"""The same, by the names a stop report's budget rows carry (:class:`ReportBudget`)."""
+SUMMARY_WAIT = timedelta(seconds=30)
+"""How long after a stop a task page keeps asking for the summary turn's text: the turn is
+one model call, and a worker that died during it never adds one."""
 
 
 @register.filter
@@ -62,11 +72,22 @@ def task_gauges(task: Task) -> list[Gauge]:
 
 @register.filter(name="grant_words")
 def grant_words(grant: Any) -> str:
-    """A resumption's budget grant in words: ``+5 model calls, +60000 time (ms)``."""
+    """A resumption's budget grant in words: ``+5 model calls, +60000 time (ms)``; spend
+    in the currency (``+USD 0.02 spend``)."""
     if not isinstance(grant, dict) or not grant:
         return ""
     labels = {d.limit: d.label for d in DIMENSIONS}
-    return ", ".join(f"+{amount} {labels.get(name, name)}" for name, amount in grant.items())
+    money_limits = {d.limit for d in DIMENSIONS if d.used in MONEY}
+    return ", ".join(
+        f"+{money(amount) if name in money_limits else amount} {labels.get(name, name)}"
+        for name, amount in grant.items()
+    )
+
+
+@register.filter(name="money")
+def as_money(amount: Any) -> str:
+    """Minor units of the currency as people read them (:func:`console.spend.money`)."""
+    return money(None if amount is None or amount == "" else int(amount))
 
 
 @register.filter(name="report_budgets")
@@ -77,12 +98,74 @@ def stop_report_budgets(report: Any) -> list[ReportBudget]:
 
 @register.filter
 def gauge_value(gauge: Any) -> str:
-    """``used / limit`` with the right units."""
+    """``used / limit`` with the right units: spend in the currency (``USD 0.0144 / USD
+    0.02``), time as a duration, counts with thousands separators; ``∞`` for no limit."""
     if gauge.name == "elapsed_ms":
         limit = "∞" if gauge.limit is None else duration(gauge.limit)
         return f"{duration(gauge.used)} / {limit}"
+    if gauge.name in MONEY:
+        limit = "∞" if gauge.limit is None else money(gauge.limit)
+        return f"{money(gauge.used)} / {limit}"
     limit = "∞" if gauge.limit is None else f"{gauge.limit:,}"
     return f"{gauge.used:,} / {limit}"
+
+
+@register.filter
+def budget_amount(budget: ReportBudget, which: str) -> str:
+    """A stop report budget's ``used`` or ``remaining`` amount as its cell shows it: spend
+    in the currency, every other budget as the bare count it always was; ``—`` for none."""
+    amount = budget.used if which == "used" else budget.remaining
+    if amount is None:
+        return "—"
+    return money(amount) if budget.label in MONEY_LABELS else str(amount)
+
+
+@register.filter
+def call_usage(event: Any) -> str:
+    """A model call's tokens and cost for the trace: ``1,200 · USD 0.0036``; only what
+    was reported (a call without a price has tokens alone), ``""`` for neither."""
+    parts = []
+    if event.tokens is not None:
+        parts.append(f"{event.tokens:,}")
+    if event.cost is not None:
+        parts.append(money(event.cost))
+    return " · ".join(parts)
+
+
+@register.filter
+def awaits_summary(detail: Any) -> bool:
+    """Whether a stopped task's page should wait for its summary turn: the task stopped
+    moments ago for a reason a summary follows, its agent takes one, and the latest stop
+    report of this phase has none yet (the runner adds it just after the stop)."""
+    task: Task = detail.task
+    reports = getattr(detail, "reports", None)
+    if not task.is_terminal or not reports or task.reason not in SUMMARY_REASONS:
+        return False
+    latest = reports[0]
+    if latest.phase != task.phase or (latest.report or {}).get("summary") is not None:
+        return False
+    if task.finished_at is None or timezone.now() - task.finished_at > SUMMARY_WAIT:
+        return False
+    return _takes_summary_turn(task)
+
+
+def _takes_summary_turn(task: Task) -> bool:
+    """The agent's ``summary_turn``: a class attribute, or (when an agent decides per task,
+    a property) read from an instance built on the task's input. An agent that cannot be
+    loaded or built here takes none as far as the page is concerned."""
+    try:
+        cls = agent_class(task.agent)
+        # Looked up without building an agent where its class already answers: building
+        # one runs its input check (and, for a real model's adapter, maybe more).
+        declared = next(
+            (vars(base)["summary_turn"] for base in cls.__mro__ if "summary_turn" in vars(base)),
+            None,
+        )
+        if isinstance(declared, bool):
+            return declared
+        return bool(cls(task.id, task.input or {}, {}).summary_turn)
+    except Exception:  # an agent's import or input check failing is no page error
+        return False
 
 
 @register.filter

@@ -149,8 +149,8 @@ BUILT_IN = [
 
 
 def test_every_built_in_agent_is_registered() -> None:
-    # 15 scripted ones, and the model-planned support desk (tests.settings configure a model).
-    assert len(BUILT_IN) == 16
+    # 16 scripted ones, and the model-planned support desk (tests.settings configure a model).
+    assert len(BUILT_IN) == 17
     assert {"support_desk", "support_desk_model"} <= set(BUILT_IN)
 
 

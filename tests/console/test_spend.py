@@ -82,9 +82,7 @@ def test_a_summary_turn_after_a_budget_stop_is_added_to_the_stop_report(
     assert turn.detail.startswith("summary: I read 2 of 10 pages")
 
 
-def test_no_summary_turn_is_taken_unless_the_agent_asks_for_one(
-    seeded: None, start: Start
-) -> None:
+def test_no_summary_turn_is_taken_unless_the_agent_asks_for_one(seeded: None, start: Start) -> None:
     task = start("budget_burner", {"dimension": "model_calls"})
 
     runner.drive(task.id)
@@ -111,3 +109,35 @@ def test_a_malformed_price_is_refused_naming_the_entry(value: str) -> None:
 
 def test_prices_read_as_minor_units_per_million_tokens() -> None:
     assert prices_from_environment(" a=1:2 , b=30:40 ,") == {"a": (1, 2), "b": (30, 40)}
+
+
+def test_a_spend_budget_is_refused_for_an_agent_whose_model_has_no_price(start: Start) -> None:
+    from console.services import InvalidInput
+
+    with pytest.raises(InvalidInput, match="no price in LOOPGUARD_MODEL_PRICES"):
+        start("paging", {"collection": "reports"}, spend=1_000)
+    assert not Task.objects.exists()
+
+
+def test_a_spend_grant_keeps_an_unbounded_spend_unbounded_and_adds_to_a_bounded_one(
+    seeded: None, start: Start, django_user_model: Any
+) -> None:
+    from console import services
+
+    approver = django_user_model.objects.create_user("ada")
+    unbounded = start("budget_burner", {"dimension": "model_calls"})
+    bounded = start("paid_reader", {"pages": 10})
+    for task in (unbounded, bounded):
+        runner.drive(task.id)
+
+    services.task_approve_resumption(
+        task_id=unbounded.id, actor=approver, reason="more", grant={"model_calls": 1, "spend": 5}
+    )
+    services.task_approve_resumption(
+        task_id=bounded.id, actor=approver, reason="more", grant={"spend": 10_000}
+    )
+
+    unbounded.refresh_from_db()
+    bounded.refresh_from_db()
+    assert unbounded.limits.get("spend") is None
+    assert bounded.limits["spend"] == 30_000
