@@ -321,3 +321,48 @@ def test_a_stop_during_a_long_wait_cancels_the_task_within_a_second(worker: Work
     ).exists()
     report = StopReport.objects.get(task=task)
     assert (report.state, report.reason) == ("CANCELLED", "operator_stop")
+
+
+# -- approval and spend on a worker ------------------------------------------------------------
+
+
+def test_a_refund_over_the_limit_waits_for_approval_then_runs_once_on_a_worker(
+    worker: Worker, django_user_model: type[User]
+) -> None:
+    from console.demo.desk import seed_demo_data
+    from console.demo.models import Refund
+    from console.models import Approval
+
+    seed_demo_data()
+    approver = django_user_model.objects.create_user("ada")
+    assign(approver, [Role.APPROVER])
+    input = {"order": 42, "amount_cents": 1500, "reason": "damaged", "approve_above_cents": 1000}
+    task = start_on(worker, "support_desk", input)
+    held = wait_for(lambda: finished(task), timeout=20, what="the stop for approval")
+    assert (held.state, held.reason) == (TaskState.NEEDS_HUMAN, "approval_required")
+    assert Refund.objects.count() == 0
+
+    approval = Approval.objects.get(task=task)
+    services.approval_approve(
+        approval_id=approval.id, actor=approver, reason="checked", enqueue=worker.enqueue
+    )
+    done = wait_for(
+        lambda: finished(task), timeout=20, what="completion", explain=story(worker, task)
+    )
+
+    assert (done.state, done.reason) == (TaskState.COMPLETED, "goal_met")
+    assert Refund.objects.filter(order__number=42).count() == 1
+    assert done.phase == 2
+
+
+def test_spend_runs_out_on_a_worker_with_the_right_amount_left(worker: Worker) -> None:
+    from console.demo.desk import seed_demo_data
+
+    seed_demo_data()
+    task = start_on(worker, "paid_reader", {"pages": 10})
+
+    done = wait_for(lambda: finished(task), timeout=20, what="the spend stop")
+
+    assert (done.state, done.reason) == (TaskState.PARTIAL, "spend_budget")
+    report = StopReport.objects.get(task=task).report
+    assert report["remaining_budget"]["spend"] == 20_000 - 4 * 3_600
