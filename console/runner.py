@@ -304,9 +304,12 @@ class _Driver:
                 return self._finish(stopped)
             reserved = True  # the last step's save counted the next model call ahead
 
-    def _run(self, admitted: list[Ticket], *, batch: bool) -> Report | None:
-        """The admitted calls of one model call, then the wait they asked for."""
-        results: list[Result] = []
+    def _run(
+        self, admitted: list[Ticket], *, batch: bool, results: list[Result] | None = None
+    ) -> Report | None:
+        """The admitted calls of one model call (after ``results``, those of its calls that
+        ran already), then the wait they asked for."""
+        results = [] if results is None else results
         for index, ticket in enumerate(admitted):
             last = index == len(admitted) - 1
             stopped = self._step(ticket, results, last=last, batch=batch)
@@ -339,7 +342,10 @@ class _Driver:
         )
         # Not waiting for the disk, as after a model call: the claim's commit flushes it.
         self._save(note, ahead=(0, 0, 1), durable=False)
-        return self._run(admitted, batch=False)
+        # The call was one of several the model asked for at once: its result follows
+        # those of the calls before it that ran, as if the batch had gone on.
+        before = self.observation if isinstance(self.observation, list) else None
+        return self._run(admitted, batch=before is not None, results=before)
 
     def _reservation(self) -> int:
         """The next model call's maximum cost at the agent's model's price (0 unpriced)."""

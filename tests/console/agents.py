@@ -36,7 +36,9 @@ class NoticeWriter(Agent):
 
     ``sleep_ms`` is spent inside the tool *after* the notice is committed, so a process
     killed then leaves a committed action whose response never came back. With ``cut``:
-    n, the first send of notice n finds its database session killed.
+    n, the first send of notice n finds its database session killed. With ``batch``, all
+    the notices left are asked for at once; with ``approve``: n, notice n needs a person's
+    approval. What each model call observed (kinds of the results) is kept in memory.
     """
 
     name = "test_notices"
@@ -51,7 +53,16 @@ class NoticeWriter(Agent):
         return f"{self.input.get('prefix', 'task')}-{self.task_id}-notice-{n}"
 
     def tools(self) -> Sequence[Tool]:
-        return [Tool("send_notice", "write", self._send, lookup=self._lookup)]
+        held = f"-notice-{self.input.get('approve')}"
+        return [
+            Tool(
+                "send_notice",
+                "write",
+                self._send,
+                lookup=self._lookup,
+                approval=lambda call: str(call.operation_key).endswith(held),
+            )
+        ]
 
     def _send(self, call: Call) -> Result:
         key = str(call.operation_key)
@@ -80,12 +91,19 @@ class NoticeWriter(Agent):
         keys = [self._key(n) for n in range(1, int(self.input.get("count", 1)) + 1)]
         return Notice.objects.filter(idempotency_key__in=keys).count()
 
-    def plan(self, observation: Any) -> Call | Finish:
-        sent = self._sent()
-        if sent >= int(self.input.get("count", 1)):
+    def plan(self, observation: Any) -> Call | list[Call] | Finish:
+        seen = observation if isinstance(observation, list) else [observation]
+        self.memory.setdefault("observed", []).append(
+            [getattr(item, "kind", type(item).__name__) for item in seen]
+        )
+        sent, count = self._sent(), int(self.input.get("count", 1))
+        if sent >= count:
             return Finish("all sent")
-        n = sent + 1
-        return Call("send_notice", {"text": f"notice {n}"}, "write", self._key(n))
+        calls = [
+            Call("send_notice", {"text": f"notice {n}"}, "write", self._key(n))
+            for n in range(sent + 1, count + 1)
+        ]
+        return calls if self.input.get("batch") else calls[0]
 
     def inspect(self, result: Result | None, step: Call | Finish) -> Evidence:
         sent = self._sent()
@@ -111,7 +129,16 @@ class SharedNotice(Agent):
         self.auto_lookup = bool(input.get("auto_lookup", True))
 
     def tools(self) -> Sequence[Tool]:
-        return [Tool("send_notice", "write", self._send, lookup=self._lookup)]
+        held = f"-notice-{self.input.get('approve')}"
+        return [
+            Tool(
+                "send_notice",
+                "write",
+                self._send,
+                lookup=self._lookup,
+                approval=lambda call: str(call.operation_key).endswith(held),
+            )
+        ]
 
     def _send(self, call: Call) -> Result:
         _sleep(self.input.get("hold_ms"))

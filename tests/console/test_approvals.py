@@ -140,3 +140,31 @@ def test_a_task_waiting_for_an_approval_is_not_resumed_past_it(
 
     with pytest.raises(services.Refused, match="approval queue"):
         services.task_approve_resumption(task_id=task.id, actor=approver, reason="go on")
+
+
+def test_an_approved_call_of_a_batch_runs_after_the_calls_before_it_and_the_model_sees_both(
+    start: Start, approver: User
+) -> None:
+    from console.demo.models import Notice
+
+    task = start("test_notices", {"count": 3, "batch": True, "approve": 2})
+    assert runner.drive(task.id) == "NEEDS_HUMAN/approval_required"
+    assert Notice.objects.count() == 1  # the first ran; the second waits; the third never ran
+    approval = Approval.objects.get(task=task)
+    assert approval.operation_key.endswith("-notice-2")
+
+    services.approval_approve(
+        approval_id=approval.id, actor=approver, reason="fine", enqueue=lambda _: None
+    )
+    outcome = runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert outcome == "COMPLETED/goal_met"
+    assert sorted(Notice.objects.values_list("text", flat=True)) == [
+        "notice 1",
+        "notice 2",
+        "notice 3",
+    ]
+    # Phase 2's first model call saw the batch's two results (the first call's and the
+    # approved one's), as if the batch had gone on.
+    assert task.checkpoint["agent"]["observed"][-1] == ["SUCCESS", "SUCCESS"]
