@@ -9,6 +9,10 @@
 | ``POST /api/tasks/<id>/resume`` | approve | approve a new phase |
 | ``GET /api/operations`` | read | the reconciliation queue |
 | ``POST /api/operations/<key>/resolve`` | reconcile | mark committed or not committed |
+| ``GET /api/approvals?state=`` | read | held calls (default: the pending ones) |
+| ``GET /api/approvals/<id>`` | read | one held call and its answer |
+| ``POST /api/approvals/<id>/approve`` | approve | run exactly that call in a new phase |
+| ``POST /api/approvals/<id>/reject`` | approve | refuse it: the model is told, or the task ends |
 | ``GET /api/openapi.json`` | read | this API's OpenAPI 3.1 description (token or session) |
 
 Operation keys may contain slashes, hence the ``path`` converter. A new endpoint is a view
@@ -29,6 +33,10 @@ urlpatterns = [
     path("tasks/<int:task_id>/resume", views.task_resume, name="task-resume"),
     path("operations", views.operations, name="operations"),
     path("operations/<path:key>/resolve", views.operation_resolve, name="operation-resolve"),
+    path("approvals", views.approvals, name="approvals"),
+    path("approvals/<int:approval_id>", views.approval, name="approval"),
+    path("approvals/<int:approval_id>/approve", views.approval_approve, name="approval-approve"),
+    path("approvals/<int:approval_id>/reject", views.approval_reject, name="approval-reject"),
     path("openapi.json", views.openapi_document, name="openapi"),
     # Last: anything else under /api/ is a JSON 404 rather than the console's HTML one.
     re_path(r"", views.not_found),

@@ -33,7 +33,7 @@ from django.views.decorators.csrf import csrf_exempt
 from . import openapi, selectors, services
 from . import serializers as s
 from .inputs import InputRefused, key_problem, load_json
-from .models import ApiToken
+from .models import ApiToken, ApprovalState
 from .roles import Capability, can
 from .serializers import ErrorCode
 from .tokens import TokenRefused, api_token_authenticate
@@ -337,6 +337,51 @@ def _operation_resolve(call: ApiCall, key: str) -> HttpResponse:
     return _answer(s.OPERATION_ANSWER, op)
 
 
+def _approval_list(call: ApiCall) -> HttpResponse:
+    state = call.request.GET.get("state", "").strip() or ApprovalState.PENDING
+    if state not in ApprovalState.values:
+        # Refused rather than dropped, as the task list's filters: a program asking for
+        # one state must not silently get another.
+        shown = state if len(state) <= 60 else f"{state[:60]}…"
+        why = f"unknown state {shown!r}; one of {', '.join(ApprovalState.values)}"
+        raise ApiError(ErrorCode.INVALID_QUERY, f"state: {why}", fields={"state": why})
+    return _answer(s.APPROVAL_LIST, selectors.approval_list(state))
+
+
+def _approval_detail(call: ApiCall, approval_id: int) -> HttpResponse:
+    found = selectors.approval(approval_id)
+    if found is None:
+        raise ApiError(ErrorCode.NOT_FOUND, f"there is no approval {approval_id}")
+    return _answer(s.APPROVAL, found)
+
+
+def _approval_approve(call: ApiCall, approval_id: int) -> HttpResponse:
+    fields = s.APPROVE_CALL.read(call.body)
+    answered = services.approval_approve(
+        approval_id=approval_id, actor=call.user, reason=fields["reason"]
+    )
+    return _answered(answered.id)
+
+
+def _approval_reject(call: ApiCall, approval_id: int) -> HttpResponse:
+    fields = s.REJECT_CALL.read(call.body)
+    answered = services.approval_reject(
+        approval_id=approval_id,
+        actor=call.user,
+        reason=fields["reason"],
+        resume=fields["on_reject"] == "resume",
+    )
+    return _answered(answered.id)
+
+
+def _answered(approval_id: int) -> HttpResponse:
+    # Read again: the answer moved its task too (queued for a new phase, or ended).
+    found = selectors.approval(approval_id)
+    if found is None:  # pragma: no cover - nothing is deleted
+        raise ApiError(ErrorCode.NOT_FOUND, f"there is no approval {approval_id}")
+    return _answer(s.APPROVAL_ANSWER, found)
+
+
 def _openapi_document(call: ApiCall) -> HttpResponse:
     return JsonResponse(openapi.document())
 
@@ -349,6 +394,11 @@ task_stop = endpoint(post=Action(Capability.STOP, _task_stop))
 task_resume = endpoint(post=Action(Capability.APPROVE, _task_resume))
 operations = endpoint(get=Action(Capability.READ, _operation_list))
 operation_resolve = endpoint(post=Action(Capability.RECONCILE, _operation_resolve))
+approvals = endpoint(get=Action(Capability.READ, _approval_list))
+approval = endpoint(get=Action(Capability.READ, _approval_detail))
+# Approving a held call is approving that task's resumption: the approver's permission.
+approval_approve = endpoint(post=Action(Capability.APPROVE, _approval_approve))
+approval_reject = endpoint(post=Action(Capability.APPROVE, _approval_reject))
 openapi_document = endpoint(get=Action(Capability.READ, _openapi_document), session_may_read=True)
 
 

@@ -14,6 +14,8 @@ from guard.steps import DIMENSIONS
 
 from .agents import agent_names
 from .inputs import MAX_TEXT_CHARS, InputRefused, check_kept, load_json, unstorable
+from .models import OnReject
+from .spend import money
 
 REASON_HELP = "Say why: it goes to the audit log with your name."
 
@@ -83,11 +85,14 @@ class ResumeForm(forms.Form):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for d in DIMENSIONS:
+            help_text = f"On top of the {d.label} spent so far; empty: none more."
+            if d.used == "spend":
+                help_text = (
+                    "On top of what was spent so far, in the currency's smallest unit "
+                    f"(1 is {money(1)}); empty: none more."
+                )
             self.fields[f"grant_{d.limit}"] = forms.IntegerField(
-                required=False,
-                min_value=0,
-                label=f"More {d.label}",
-                help_text=f"On top of the {d.label} spent so far; empty: none more.",
+                required=False, min_value=0, label=f"More {d.label}", help_text=help_text
             )
 
     def grant(self) -> dict[str, int]:
@@ -97,6 +102,38 @@ class ResumeForm(forms.Form):
             for d in DIMENSIONS
             if (amount := self.cleaned_data.get(f"grant_{d.limit}"))
         }
+
+
+class ApprovalForm(forms.Form):
+    """A person's answer to one held call: yes or no (the button pressed), why, and for a
+    no whether the task goes on (the model is told) or ends."""
+
+    DECISIONS = [("approve", "Approve"), ("reject", "Reject")]
+    decision = forms.ChoiceField(choices=DECISIONS)
+    on_reject = forms.ChoiceField(
+        choices=OnReject.choices,
+        required=False,
+        help_text="Only for a rejection: tell the model and go on, or end the task.",
+    )
+    reason = forms.CharField(
+        max_length=4000, widget=forms.Textarea(attrs={"rows": 2}), help_text=REASON_HELP
+    )
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if cleaned.get("decision") == "reject" and not cleaned.get("on_reject"):
+            self.add_error("on_reject", "say what the rejection does: go on or end the task")
+        return cleaned
+
+    @property
+    def approves(self) -> bool:
+        """The person said yes."""
+        return bool(self.cleaned_data["decision"] == "approve")
+
+    @property
+    def resumes(self) -> bool:
+        """The task goes on after the answer (always after a yes)."""
+        return self.approves or self.cleaned_data["on_reject"] == OnReject.RESUME
 
 
 class StartForm(forms.Form):
@@ -128,6 +165,10 @@ class StartForm(forms.Form):
         agent = self.fields["agent"]
         assert isinstance(agent, forms.ChoiceField)  # noqa: S101 - narrows the type
         agent.choices = [(name, name) for name in agent_names()]
+        # Built here, not at import: the currency comes from the settings.
+        self.fields["limits"].help_text += (
+            f". spend is in the currency's smallest unit: 20000 is {money(20_000)}"
+        )
 
     def offer_example(self, examples: Mapping[str, str]) -> None:
         """Re-shown after an error, the form holds the chosen agent's example input in place

@@ -28,7 +28,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.converters import IntConverter
 
 from . import serializers as s
-from .models import TaskState
+from .models import ApprovalState, TaskState
 from .roles import GRANTS, Capability
 from .serializers import ErrorCode, Schema
 
@@ -91,6 +91,7 @@ HEADERS: Mapping[str, str] = {
 
 PATH_PARAMETERS: Mapping[str, str] = {
     "task_id": "the task's id",
+    "approval_id": "the approval's id",
     "key": (
         "the operation key; it may contain slashes, sent as they are or as %2F "
         "(e.g. order/42/refund)"
@@ -181,6 +182,45 @@ ENTRIES: Mapping[tuple[str, str], Entry] = {
         errors=ANY_ACTION,
         body=s.RESOLVE_OPERATION,
     ),
+    ("approvals", "GET"): Entry(
+        "listApprovals", "approvals", "Held calls",
+        "Calls a tool's policy held for a person's approval: the pending ones by default, "
+        "oldest first (the console's approval queue); with `state`, the approved or "
+        "rejected ones, the latest answer first. A malformed state is refused.",
+        (Answer(200, "the approvals", s.APPROVAL_LIST),),
+        errors=(ErrorCode.INVALID_QUERY,),
+        query=(
+            Query(
+                "state", s.one_of(ApprovalState.values),
+                "only approvals in this state (default PENDING)",
+            ),
+        ),
+    ),
+    ("approval", "GET"): Entry(
+        "readApproval", "approvals", "One held call and its answer",
+        "The call in full (tool, redacted arguments, operation key, fingerprint), and who "
+        "answered it, when and why.",
+        (Answer(200, "the approval", s.APPROVAL),),
+        errors=(ErrorCode.NOT_FOUND,),
+    ),
+    ("approval-approve", "POST"): Entry(
+        "approveCall", "approvals", "Approve the held call",
+        "The task resumes in a new phase that runs exactly this call first, once, through "
+        "the ledger, without asking the model again; its budgets carry over. An approval is "
+        "answered once: a second answer is 409 stale_state.",
+        (Answer(200, "approved: the task is queued for its next phase", s.APPROVAL_ANSWER),),
+        errors=ANY_ACTION,
+        body=s.APPROVE_CALL,
+    ),
+    ("approval-reject", "POST"): Entry(
+        "rejectCall", "approvals", "Reject the held call",
+        "The call never runs. With on_reject resume, the task goes on in a new phase whose "
+        "model is told the call was refused and why; with end, the task ends "
+        "PARTIAL/approval_rejected. A second answer is 409 stale_state.",
+        (Answer(200, "rejected", s.APPROVAL_ANSWER),),
+        errors=ANY_ACTION,
+        body=s.REJECT_CALL,
+    ),
     ("openapi", "GET"): Entry(
         "describeApi", "description", "This document",
         "The API's OpenAPI 3.1 description. It holds no data, so a signed-in console "
@@ -243,6 +283,7 @@ def document() -> dict[str, Any]:
         "tags": [
             {"name": "tasks", "description": "start, read, stop and resume tasks"},
             {"name": "operations", "description": "reconcile uncertain writes"},
+            {"name": "approvals", "description": "answer calls held for a person's approval"},
             {"name": "description", "description": "this document"},
         ],
         "security": [{"bearer": []}],

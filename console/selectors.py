@@ -29,6 +29,7 @@ from django.db.models import (
     Q,
     QuerySet,
     Subquery,
+    Sum,
     When,
 )
 from django.db.models.functions import TruncHour
@@ -41,8 +42,11 @@ from .agents import UnknownAgent, agent_class
 from .models import (
     ACTIVE_STATES,
     STOP_REASONS,
+    Approval,
+    ApprovalState,
     AuditAction,
     AuditEntry,
+    EventKind,
     Operation,
     OperationEvent,
     OperationState,
@@ -52,6 +56,7 @@ from .models import (
     TaskState,
     TraceEvent,
 )
+from .spend import money
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +64,8 @@ TASKS_PER_PAGE = 50
 AUDIT_PER_PAGE = 100
 TRACE_WINDOW = 100  # events shown at once on a task page; older ones are a link away
 QUEUE_LIMIT = 50  # uncertain operations shown at once, oldest first
+APPROVALS_SHOWN = 50  # pending approvals shown at once, oldest first; and answered ones
+APPROVALS_ON_BOARD = 5  # the dashboard's "Calls waiting for approval" lists the oldest few
 ELSEWHERE_SHOWN = 3  # per queued operation: the same call committed under other keys
 RECENT = timedelta(hours=24)  # the dashboard counts finished tasks over this window
 # The poll budget bounds each PENDING job, not the task: a task-wide "polls spent / limit"
@@ -124,6 +131,10 @@ class Dashboard:
     """The running tasks' gauges, by their names for people (see :func:`gauges`)."""
     uncertain_total: int = 0
     """Every write the reconciliation queue holds (``uncertain`` shows the oldest few)."""
+    approvals: list[Approval] = field(default_factory=list)
+    """The oldest calls waiting for a person's approval (with their tasks)."""
+    approvals_total: int = 0
+    """Every call the approval queue holds."""
 
     @property
     def totals(self) -> dict[str, int]:
@@ -134,6 +145,7 @@ class Dashboard:
             "uncertain": self.uncertain_total,
             "running": self.counts[TaskState.RUNNING],
             "recently_stopped": sum(self.counts[s] for s in FINISHED),
+            "approvals": self.approvals_total,
         }
         return {box: max(n, len(getattr(self, box))) for box, n in totals.items()}
 
@@ -142,6 +154,12 @@ class Dashboard:
         """The dashboard's charts (:func:`trends`): read when a page draws them, so the
         board's 5-second htmx poll, which has no charts, runs none of their queries."""
         return trends()
+
+    @cached_property
+    def spend(self) -> Spend:
+        """What model calls cost today and this week (:func:`spend`): read when the page
+        draws it, outside the board's 5-second poll, like the charts."""
+        return spend()
 
 
 def dashboard(*, limit: int = 15) -> Dashboard:
@@ -177,6 +195,9 @@ def dashboard(*, limit: int = 15) -> Dashboard:
     uncertain = reconciliation_queue(limit=limit)
     # Counted only when the box is full; the partial index operation_unsettled serves it.
     uncertain_total = reconciliation_count() if len(uncertain) == limit else len(uncertain)
+    approvals = approval_queue(limit=APPROVALS_ON_BOARD)
+    # Counted only when the box is full, as above; the partial index approval_pending serves it.
+    approvals_total = approval_count() if len(approvals) == APPROVALS_ON_BOARD else len(approvals)
     return Dashboard(
         counts=counts,
         needs_human=needs_human,
@@ -184,7 +205,50 @@ def dashboard(*, limit: int = 15) -> Dashboard:
         running=running,
         recently_stopped=stopped,
         uncertain_total=uncertain_total,
+        approvals=approvals,
+        approvals_total=approvals_total,
     )
+
+
+@dataclass(frozen=True)
+class Spend:
+    """What model calls cost, summed over their trace events' ``cost``, in the minor unit of
+    ``LOOPGUARD_CURRENCY``."""
+
+    today: int
+    """Since midnight in the console's time zone."""
+    week: int
+    """Over the last 7 days (168 hours up to now)."""
+    at: datetime
+    """When it was summed."""
+
+    @property
+    def today_text(self) -> str:
+        """``today`` as people read money (:func:`console.spend.money`)."""
+        return money(self.today)
+
+    @property
+    def week_text(self) -> str:
+        return money(self.week)
+
+
+SPEND_WEEK = timedelta(days=7)
+
+
+def spend(*, now: datetime | None = None) -> Spend:
+    """The spend of today and of the last 7 days in one query, over the week's model
+    calls (``trace_at_brin`` serves the ``at`` range; the day is a filter of the same pass)."""
+    now = now or timezone.now()
+    midnight = timezone.localtime(now).replace(hour=0, minute=0, second=0, microsecond=0)
+    week_start = now - SPEND_WEEK
+    # Today's midnight always falls inside the week: one pass over the week serves both.
+    sums = TraceEvent.objects.filter(
+        at__gte=week_start, kind=EventKind.MODEL_CALL, cost__isnull=False
+    ).aggregate(
+        today=Sum("cost", filter=Q(at__gte=midnight)),
+        week=Sum("cost", filter=Q(at__gte=week_start)),
+    )
+    return Spend(today=int(sums["today"] or 0), week=int(sums["week"] or 0), at=now)
 
 
 # -- tasks -------------------------------------------------------------------------------------
@@ -360,6 +424,8 @@ class TaskDetail:
     events: list[TraceEvent]
     earlier: bool
     last_seq: int
+    approval: Approval | None = None
+    """The call it holds for a person's approval, while it waits for one."""
 
 
 def task_detail(task_id: int, *, before: int | None = None) -> TaskDetail | None:
@@ -370,6 +436,9 @@ def task_detail(task_id: int, *, before: int | None = None) -> TaskDetail | None
     window = trace(task.id, before=before)
     earlier = bool(window) and window[0].seq > 1
     last_seq = window[-1].seq if window else 0
+    held = None
+    if task.waits_for_approval:
+        held = task.approvals.filter(state=ApprovalState.PENDING, phase=task.phase).first()
     return TaskDetail(
         task=task,
         gauges=gauges(task),
@@ -380,6 +449,7 @@ def task_detail(task_id: int, *, before: int | None = None) -> TaskDetail | None
         events=window,
         earlier=earlier,
         last_seq=last_seq,
+        approval=held,
     )
 
 
@@ -677,6 +747,129 @@ def _queue_version(total: int, rows: Sequence[tuple[int, str, datetime]]) -> str
 
 def operation(key: str) -> Operation | None:
     return Operation.objects.filter(key=key).select_related("task").first()
+
+
+# -- approvals ---------------------------------------------------------------------------------
+
+
+def _pending() -> QuerySet[Approval]:
+    # The partial index approval_pending (requested_at, where PENDING) serves these.
+    return Approval.objects.filter(state=ApprovalState.PENDING)
+
+
+def approval_count() -> int:
+    """How many calls wait for a person's approval in all."""
+    return _pending().count()
+
+
+def approval_queue(*, limit: int | None = APPROVALS_SHOWN) -> list[Approval]:
+    """The calls waiting for approval, oldest first, each with its task (one query)."""
+    qs = _pending().select_related("task").order_by("requested_at", "id")
+    return list(qs[:limit] if limit else qs)
+
+
+@dataclass(frozen=True)
+class ApprovalRow:
+    """One held call on the approval page."""
+
+    approval: Approval
+    age: timedelta
+    """How long it has waited."""
+    typed: Mapping[str, str] | None = None
+    """What an approver just typed into its form, by field, when the answer was refused."""
+
+    @property
+    def gauges(self) -> list[Gauge]:
+        """Its task's budgets, spent and left: an approved call spends from them."""
+        return gauges(self.approval.task)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An answer the console did not record, shown with what was typed so it is not lost."""
+
+    approval_id: int
+    message: str
+    typed: Mapping[str, str]
+
+
+@dataclass
+class ApprovalQueue:
+    """The approval page: the oldest held calls, how many there are, and the answers of the
+    last 24 hours (from the audit log: who, what, why)."""
+
+    rows: list[ApprovalRow]
+    total: int
+    answered: list[AuditEntry]
+    refusal: Refusal | None = None
+    """An answer just refused for a call no longer in the queue (someone answered first)."""
+
+    @property
+    def version(self) -> str:
+        """What :func:`approvals_version` says of the queue as this page shows it."""
+        return _approvals_version(self.total, [r.approval.id for r in self.rows])
+
+
+def approvals(
+    *, typed: Mapping[int, Mapping[str, str]] | None = None, refused: str = ""
+) -> ApprovalQueue:
+    """The approval page; ``typed`` puts what was typed into a refused form back into it (by
+    approval id), and ``refused`` says why it was refused. A call that is no longer pending
+    gets its typed text shown apart, as a :class:`Refusal`."""
+    now = timezone.now()
+    held = approval_queue()
+    rows = [ApprovalRow(a, now - a.requested_at, (typed or {}).get(a.id)) for a in held]
+    refusal = None
+    shown = {a.id for a in held}
+    for approval_id, text in (typed or {}).items():
+        if approval_id not in shown:
+            refusal = Refusal(approval_id, refused, text)
+    total = approval_count() if len(held) == APPROVALS_SHOWN else len(held)
+    return ApprovalQueue(rows, total, answered_approvals(now=now), refusal)
+
+
+def answered_approvals(*, now: datetime | None = None) -> list[AuditEntry]:
+    """The answers given in the last 24 hours, the latest first, as their audit entries
+    (who, when, why, and the approval answered): the audit_at index serves the window."""
+    since = (now or timezone.now()) - RECENT
+    return list(
+        AuditEntry.objects.filter(
+            action__in=[AuditAction.APPROVE_CALL, AuditAction.REJECT_CALL], at__gte=since
+        )
+        .select_related("actor", "approval", "task")
+        .order_by("-at", "-id")[:APPROVALS_SHOWN]
+    )
+
+
+def approvals_version() -> str:
+    """A short hash of which calls the approval page holds: it changes when a call is held
+    or answered."""
+    ids = list(
+        _pending().order_by("requested_at", "id").values_list("id", flat=True)[:APPROVALS_SHOWN]
+    )
+    total = approval_count() if len(ids) == APPROVALS_SHOWN else len(ids)
+    return _approvals_version(total, ids)
+
+
+def _approvals_version(total: int, ids: Sequence[int]) -> str:
+    seen = json.dumps([total, list(ids)])
+    return hashlib.sha256(seen.encode()).hexdigest()[:16]
+
+
+def approval(approval_id: int) -> Approval | None:
+    """One approval with its task and who answered it, or ``None``."""
+    return Approval.objects.filter(id=approval_id).select_related("task", "decided_by").first()
+
+
+def approval_list(state: str, *, limit: int = APPROVALS_SHOWN) -> list[Approval]:
+    """Approvals in ``state``: pending ones oldest first (the queue's order), answered ones
+    the latest answer first; at most ``limit``."""
+    qs = Approval.objects.filter(state=state).select_related("task", "decided_by")
+    if state == ApprovalState.PENDING:
+        qs = qs.order_by("requested_at", "id")
+    else:
+        qs = qs.order_by("-decided_at", "-id")
+    return list(qs[:limit])
 
 
 # -- audit -------------------------------------------------------------------------------------

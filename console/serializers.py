@@ -34,8 +34,10 @@ from .inputs import (
 )
 from .models import (
     STOP_REASONS,
+    ApprovalState,
     Decision,
     EventKind,
+    OnReject,
     OperationState,
     TaskState,
     TraceEvent,
@@ -209,6 +211,17 @@ def flag_input(name: str, description: str, *, means: tuple[str, str]) -> Field:
     return Field(name, BOOLEAN, description, read)
 
 
+def choice_input(name: str, values: Sequence[str], description: str) -> Field:
+    """One of ``values``, required."""
+
+    def read(value: Any) -> str:
+        if not isinstance(value, str) or value not in values:
+            raise InvalidInput(f"{name} must be one of: {', '.join(values)}")
+        return value
+
+    return Field(name, one_of(values), description, read)
+
+
 def any_input(name: str, description: str, *, kept: bool = False) -> Field:
     """Any JSON value, taken as it is (``kept``: as for :func:`object_input`)."""
 
@@ -317,12 +330,12 @@ _ERRORS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.INVALID_REQUEST: (401, "the Authorization header is not `Bearer <token>`"),
     ErrorCode.INVALID_TOKEN: (401, "the token is unknown or revoked, or its user is deactivated"),
     ErrorCode.PERMISSION_DENIED: (403, "the token's user lacks the role this needs"),
-    ErrorCode.NOT_FOUND: (404, "there is no such task or operation"),
+    ErrorCode.NOT_FOUND: (404, "there is no such task, operation or approval"),
     ErrorCode.UNKNOWN_ENDPOINT: (404, "no endpoint has this path"),
     ErrorCode.METHOD_NOT_ALLOWED: (405, "the endpoint does not answer this method (see `Allow`)"),
     ErrorCode.STALE_STATE: (
-        409, "the task or operation is no longer in the state the action was meant for "
-        "(someone acted first)",
+        409, "the task, operation or approval is no longer in the state the action was meant "
+        "for (someone acted first)",
     ),
     ErrorCode.REFUSED: (409, "the action is not allowed now; the message says why"),
     ErrorCode.BODY_TOO_LARGE: (413, "the body is larger than 1 MiB"),
@@ -503,6 +516,54 @@ OPERATION_ANSWER = Shape("OperationAnswer", "An operation, as an action left it.
 ))
 
 
+APPROVAL = Shape("Approval", "One call held for a person's approval, and its answer.", (
+    attr("id", INTEGER, "the approval's id"),
+    Field(
+        "url", STRING, "where the API shows it",
+        lambda a: reverse("api:approval", args=[a.id]),
+    ),
+    attr("task", INTEGER, "the task that holds the call", path="task_id"),
+    Field("agent", STRING, "the task's agent", lambda a: a.task.agent),
+    attr("phase", COUNT, "the phase that stopped for this call"),
+    attr("tool", STRING, "the tool the call is to"),
+    attr("effect", one_of(["read", "write"]), "whether the call reads or writes"),
+    attr("operation_key", STRING, "the operation key of a write (empty for a read)"),
+    attr("fingerprint", STRING, "hash of the tool and its canonical arguments"),
+    attr("args", OBJECT, "the call's arguments in full, redacted"),
+    attr("state", one_of(ApprovalState.values), "PENDING until a person answers"),
+    attr("requested_at", TIME, "when the task stopped for it"),
+    user_attr("decided_by", "who answered it (null while it is pending)"),
+    attr("decided_at", nullable(TIME), "when it was answered"),
+    attr("reason", STRING, "the reason they gave"),
+    attr(
+        "on_reject", one_of(["", *OnReject.values]),
+        "for a rejection: resume (the model was told) or end (the task ended)",
+    ),
+    Field(
+        "approve_url", STRING, "where to approve it",
+        lambda a: reverse("api:approval-approve", args=[a.id]),
+    ),
+    Field(
+        "reject_url", STRING, "where to reject it",
+        lambda a: reverse("api:approval-reject", args=[a.id]),
+    ),
+))
+
+
+APPROVAL_LIST = Shape("ApprovalList", "Approvals in one state.", (
+    APPROVAL.field(
+        "approvals", f"pending ones oldest first, answered ones the latest answer first; "
+        f"at most {selectors.APPROVALS_SHOWN}", list, many=True,
+    ),
+))
+
+APPROVAL_ANSWER = Shape("ApprovalAnswer", "An approval as its answer left it, and its task.", (
+    APPROVAL.field("approval", "the approval", lambda a: a),
+    TASK.field("task", "its task: QUEUED for a new phase, or PARTIAL when it ended",
+               lambda a: a.task),
+))
+
+
 # -- request bodies ----------------------------------------------------------------------------
 
 START_TASK = Body("StartTask", "A task to start.", (
@@ -527,6 +588,19 @@ RESUME_TASK = Body("ResumeTask", "An approval of a new phase.", (
     object_input(
         "grant", "budget to add, by limit, e.g. {\"model_calls\": 5}; required when a "
         "budget ran out",
+    ),
+))
+
+APPROVE_CALL = Body("ApproveCall", "A yes to the held call.", (
+    text_input("reason", "why, for the audit log (required)", required=True),
+))
+
+REJECT_CALL = Body("RejectCall", "A no to the held call.", (
+    text_input("reason", "why, for the audit log and for the model (required)", required=True),
+    choice_input(
+        "on_reject", OnReject.values,
+        "resume: the task goes on and its model is told the call was refused and why; "
+        "end: the task ends PARTIAL/approval_rejected (required)",
     ),
 ))
 

@@ -39,7 +39,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseClientRefresh, HttpResponseStopPolling
 
 from . import health, selectors, services
-from .forms import BulkForm, ResolveForm, ResumeForm, StartForm, StopForm
+from .forms import ApprovalForm, BulkForm, ResolveForm, ResumeForm, StartForm, StopForm
 from .inputs import key_problem
 from .models import STOP_REASONS, AuditAction, TaskState
 from .roles import Capability, can, capabilities_of
@@ -398,6 +398,69 @@ def operation_lookup(request: HttpRequest, key: str) -> HttpResponse:
     # Without JavaScript: the whole queue, with the answer in place.
     queue = selectors.reconciliation({op.id: found})
     return _page(request, "console/operations.html", {"queue": queue})
+
+
+# -- approvals ---------------------------------------------------------------------------------
+
+
+@require_GET
+@requires(Capability.READ)
+def approvals(request: HttpRequest) -> HttpResponse:
+    """The approval queue: every held call in full, and the answers of the last 24 hours."""
+    htmx = getattr(request, "htmx", None)
+    if htmx and htmx.target == "approvals-live":
+        # As on the reconciliation queue: rows hold forms an approver may be typing into,
+        # so the live region only says that the queue changed.
+        version = selectors.approvals_version()
+        if request.GET.get("v") == version:
+            return HttpResponse(status=204)
+        context = {"version": version, "changed": True}
+        return _page(request, "console/approvals.html#approvals-live", context)
+    return _page(request, "console/approvals.html", {"queue": selectors.approvals()})
+
+
+@require_POST
+@requires(Capability.APPROVE)
+def approval_answer(request: HttpRequest, approval_id: int) -> HttpResponse:
+    """Approve or reject one held call, with a reason. Approving a held call is approving
+    that task's resumption, so it needs the approver's role (Capability.APPROVE)."""
+    held = _found(selectors.approval(approval_id), f"there is no approval {approval_id}")
+    form = ApprovalForm(request.POST)
+    back = request.POST.get("next") or ""
+    if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
+        back = reverse("approvals")
+
+    def refused(why: str) -> HttpResponse:
+        messages.error(request, f"Approval #{approval_id} was not answered: {why}")
+        # The queue again rather than a redirect, with what was typed kept beside its call
+        # (or apart, when the call has left the queue), so nobody types a reason twice.
+        typed = {held.id: {name: str(form[name].value() or "") for name in form.fields}}
+        queue = selectors.approvals(typed=typed, refused=why)
+        return _page(request, "console/approvals.html", {"queue": queue})
+
+    if not form.is_valid():
+        return refused("; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items()))
+    reason = form.cleaned_data["reason"]
+    try:
+        if form.approves:
+            services.approval_approve(approval_id=held.id, actor=_person(request), reason=reason)
+        else:
+            services.approval_reject(
+                approval_id=held.id, actor=_person(request), reason=reason, resume=form.resumes
+            )
+    except services.NotFound as exc:
+        raise Http404(str(exc)) from exc
+    except services.ServiceError as exc:
+        # Stale (someone answered first), refused (a write of the task is in doubt) or
+        # invalid (the reason cannot be stored): said on the page, the typing kept.
+        return refused(str(exc))
+    if form.approves:
+        text = f"Approved: task {held.task_id} runs the call to {held.tool} in a new phase."
+    elif form.resumes:
+        text = f"Rejected: task {held.task_id} goes on, and its model is told why."
+    else:
+        text = f"Rejected: task {held.task_id} ended (approval_rejected)."
+    return _done(request, messages.SUCCESS, text, back)
 
 
 # -- audit -------------------------------------------------------------------------------------

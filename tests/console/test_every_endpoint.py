@@ -41,10 +41,17 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.resolvers import RegexPattern
 
-from console import openapi, services
+from console import openapi, runner, services
 from console.demo.desk import seed_demo_data
-from console.forms import BulkForm, ResolveForm, ResumeForm, StartForm, StopForm
-from console.models import AuditAction, AuditEntry, NotificationChannel, Operation, Task
+from console.forms import ApprovalForm, BulkForm, ResolveForm, ResumeForm, StartForm, StopForm
+from console.models import (
+    Approval,
+    AuditAction,
+    AuditEntry,
+    NotificationChannel,
+    Operation,
+    Task,
+)
 from console.notification_views import ChannelForm, ReasonForm
 from console.roles import assign
 from console.tokens import api_token_issue
@@ -124,6 +131,7 @@ class World:
     users: dict[str, User]  # by persona
     secrets: dict[str, str]  # by persona: an API token of theirs
     channel_id: int = 0  # a notification channel (a webhook nobody listens to)
+    approval_id: int = 0  # a refund held for a person's approval
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +153,12 @@ def world(django_db_setup: None, django_db_blocker: Any) -> Iterator[World]:
         uncertain = services.task_start(agent="test_notices", input={"count": 1})
         op = unknown_operation(uncertain, KEY)
         uncertain.refresh_from_db()
+        refund = services.task_start(
+            agent="support_desk",
+            input={"order": 42, "amount_cents": 1500, "reason": "x", "approve_above_cents": 1000},
+        )
+        assert runner.drive(refund.id) == "NEEDS_HUMAN/approval_required"
+        held = Approval.objects.get(task=refund)
         users, secrets = {}, {}
         for name, roles in PERSONAS.items():
             users[name] = user = User.objects.create_user(name, password=f"pw-{name}")
@@ -159,7 +173,7 @@ def world(django_db_setup: None, django_db_blocker: Any) -> Iterator[World]:
             kinds=["needs_human"],
         )
         try:
-            yield World(queued, stopped, uncertain, op, users, secrets, channel.id)
+            yield World(queued, stopped, uncertain, op, users, secrets, channel.id, held.id)
         finally:
             call_command("flush", interactive=False, verbosity=0)
 
@@ -231,6 +245,7 @@ def path_values(route: Route, w: World) -> dict[str, dict[str, str]]:
         },
         "key": {"real": w.op.key},
         "channel_id": {"real": str(w.channel_id)},
+        "approval_id": {"pending": str(w.approval_id)},
         "fmt": {"csv": "csv", "json": "json"},
         "rest": {"nothing": "", "unknown-path": "no/such/endpoint"},
     }
@@ -238,6 +253,7 @@ def path_values(route: Route, w: World) -> dict[str, dict[str, str]]:
         "task_id": "987654321",
         "key": "no/such/key",
         "channel_id": "987654321",
+        "approval_id": "987654321",
         "fmt": "xml",
         "rest": "tasks/x",
     }
@@ -256,6 +272,7 @@ def primary(route: Route, w: World) -> dict[str, str]:
         "task_id": str(w.stopped.id if "resume" in route.name else w.queued.id),
         "key": w.op.key,
         "channel_id": str(w.channel_id),
+        "approval_id": str(w.approval_id),
         "fmt": "csv",
         "rest": "no/such/endpoint",
     }
@@ -293,7 +310,11 @@ QUERIES = [
     "%00=%00&=&&=&",
 ]
 FORM_FIELDS = sorted(
-    {name for form in (StopForm, ResolveForm, ResumeForm, StartForm) for name in form().fields}
+    {
+        name
+        for form in (StopForm, ResolveForm, ResumeForm, StartForm, ApprovalForm)
+        for name in form().fields
+    }
     | {"username", "password", "next", "prefix"}
 )
 JSON_FIELDS = {"input", "limits", "result"}
@@ -352,6 +373,7 @@ FORMS: dict[str, type[forms.Form] | None] = {
     "task-resume": ResumeForm,
     "task-bulk": BulkForm,
     "operation-resolve": ResolveForm,
+    "approval-answer": ApprovalForm,
     "login": AuthenticationForm,
     "operation-lookup": None,
     "logout": None,
@@ -529,6 +551,7 @@ EXPECTED_AUDIT = {"operation-lookup": AuditAction.LOOKUP}
 STANDING = {
     Task: "id, state, reason, phase, stop_requested_at, limits",
     Operation: "key, state, evidence, result",
+    Approval: "id, state, decided_at, reason, on_reject",
 }
 
 

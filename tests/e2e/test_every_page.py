@@ -22,7 +22,8 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from playwright.sync_api import Page, expect
 
 from console import runner
-from console.models import Operation, OperationState, TaskState
+from console.demo.desk import seed_demo_data
+from console.models import Approval, Operation, OperationState, TaskState
 from console.roles import Role, assign
 from console.services import task_start
 
@@ -144,7 +145,17 @@ def objects(everyone: User) -> dict[str, Any]:
     doubt.refresh_from_db()
     assert doubt.state == TaskState.NEEDS_HUMAN
     operation = Operation.objects.get(task=doubt, state=OperationState.UNKNOWN)
-    return {"tasks": [read, doubt], "operation": operation}
+    # A refund over the limit, held for approval: the queue and its task page show the call.
+    seed_demo_data()
+    refund = task_start(
+        agent="support_desk",
+        input={"order": 42, "amount_cents": 1500, "reason": "damaged", "approve_above_cents": 1000},
+        enqueue=lambda task_id: None,
+        actor=everyone,
+    )
+    assert runner.drive(refund.id) == "NEEDS_HUMAN/approval_required"
+    approval = Approval.objects.get(task=refund)
+    return {"tasks": [read, doubt, refund], "operation": operation, "approval": approval}
 
 
 def _patterns(
@@ -167,6 +178,7 @@ def page_urls(objects: dict[str, Any], user: User) -> list[str]:
         "task_id": [task.id for task in objects["tasks"]],
         "key": [objects["operation"].key],
         "channel_id": [1],  # the notification routes take POSTs only: their GETs are 405
+        "approval_id": [objects["approval"].id],  # its answer takes POSTs only, too
     }
     found: list[str] = []
     for name, pattern in _patterns(get_resolver().url_patterns):

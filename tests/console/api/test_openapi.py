@@ -25,7 +25,7 @@ pytestmark = pytest.mark.django_db
 
 METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
 # A value each path parameter's converter accepts, to route the document's paths.
-EXAMPLES = {"task_id": "17", "key": "order/42/refund"}
+EXAMPLES = {"task_id": "17", "key": "order/42/refund", "approval_id": "7"}
 
 
 def _routes() -> dict[str, URLPattern]:

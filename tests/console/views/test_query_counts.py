@@ -11,7 +11,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from console import selectors
-from console.models import AuditEntry
+from console.models import AuditEntry, Task
 
 from .support import (
     SignIn,
@@ -103,3 +103,42 @@ def test_the_audit_log_and_dashboard_cost_the_same_queries_for_150_entries_as_fo
     many = (_queries(client, "/audit/"), _queries(client, "/"))
 
     assert many == few
+
+
+def _held_refunds(start: Start, first: int, last: int) -> None:
+    """Refunds over the limit, each held for approval as the runner holds it."""
+    from console import runner
+
+    for n in range(first, last):
+        task = start(
+            "support_desk",
+            {"order": 42, "amount_cents": 1500 + n, "reason": "r", "approve_above_cents": 1000},
+        )
+        assert runner.drive(task.id) == "NEEDS_HUMAN/approval_required"
+
+
+def test_the_approval_queue_and_the_dashboard_cost_as_many_queries_for_12_calls_as_for_6(
+    signed_in: SignIn, seeded: None, start: Start
+) -> None:
+    # Six fill the dashboard's box, which then counts the rest (as the reconciliation box).
+    client = signed_in("approver")
+    _held_refunds(start, 0, 6)
+    few = (_queries(client, "/approvals/"), _queries(client, "/"))
+
+    _held_refunds(start, 6, 12)
+    many = (_queries(client, "/approvals/"), _queries(client, "/"))
+
+    assert many == few
+    html = body(client.get("/"))
+    assert "5 of 12, the oldest first" in html  # the dashboard's box lists the oldest few
+
+
+def test_the_task_page_of_a_held_call_costs_one_query_more_than_another(
+    signed_in: SignIn, seeded: None, start: Start
+) -> None:
+    client = signed_in("approver")
+    _held_refunds(start, 0, 1)
+    held = Task.objects.get(agent="support_desk")
+    other = finish(start("test_reader", {"pages": 1}), "CANCELLED", "operator_stop")
+
+    assert _queries(client, f"/tasks/{held.id}/") == _queries(client, f"/tasks/{other.id}/") + 1
