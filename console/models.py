@@ -100,6 +100,7 @@ class Task(models.Model):
     executions = models.PositiveIntegerField(default=0)
     tokens = models.PositiveBigIntegerField(default=0)
     spend = models.PositiveBigIntegerField(default=0)  # in the minor unit of LOOPGUARD_CURRENCY
+    explored = models.PositiveIntegerField(default=0)  # new results counted as progress
     polls = models.PositiveIntegerField(default=0)
     elapsed_ms = models.PositiveBigIntegerField(default=0)
     revision = models.BigIntegerField(default=0)
