@@ -309,9 +309,13 @@ def finish_drive(
     report: Report,
     *,
     checkpoint: Any = None,
+    usage: Usage | None = None,
+    summary_due: bool = False,
 ) -> None:
     """A driver records the guard's stop (``RUNNING`` → the report's state) while it holds
-    the lease; :class:`LostRace` if it does not any more."""
+    the lease; :class:`LostRace` if it does not any more. ``usage`` is what the task has
+    spent when it is more than the report's (a summary turn's reservation); with
+    ``summary_due`` the stored report says a summary turn follows (the page waits for it)."""
     task = (
         Task.objects.select_for_update()
         .filter(id=task_id, lease_owner=owner, state=TaskState.RUNNING)
@@ -319,13 +323,16 @@ def finish_drive(
     )
     if task is None:
         raise LostRace(f"task {task_id} is no longer driven by {owner}")
+    stored = report.to_dict()
+    if summary_due:
+        stored["summary_due"] = True
     finish_task(
         task,
         report.state.value,
         report.reason.value,
-        report.to_dict(),
+        stored,
         detail=report.detail,
-        counters=counters_of(report.usage, report.revision),
+        counters=counters_of(usage or report.usage, report.revision),
         checkpoint=checkpoint,
         owner=owner,
     )
@@ -498,17 +505,6 @@ def close(task: Task, *, reason: str, detail: str) -> None:
     )
 
 
-def charge_stopped(task_id: int, phase: int, usage: Usage) -> bool:
-    """Store ``usage`` (a summary turn's reservation) on a task stopped in ``phase``;
-    nothing if it has moved on since (resumed). Returns whether it was stored."""
-    return (
-        Task.objects.filter(id=task_id, phase=phase, state__in=TERMINAL_STATES).update(
-            **{d.used: getattr(usage, d.used) for d in DIMENSIONS}
-        )
-        == 1
-    )
-
-
 def add_summary(task_id: int, phase: int, report: Report, event: Mapping[str, Any]) -> bool:
     """Add the summary turn's text to a task stopped in ``phase``: what it spent, a stop
     report that carries the summary (after the phase's first, which stays) and its trace
@@ -577,7 +573,6 @@ __all__ = [
     "LostRace",
     "add_summary",
     "cancel",
-    "charge_stopped",
     "close",
     "counters_of",
     "entry_of",

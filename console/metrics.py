@@ -56,6 +56,12 @@ SPENT: tuple[Dimension, ...] = tuple(
 """The budgets summed by agent, each as ``loopguard_<used>``; a budget declared in
 :data:`guard.steps.DIMENSIONS` gets its series here without another line."""
 _MONEY = "Money spent on model calls, in minor units of LOOPGUARD_CURRENCY,"
+_WHAT = {
+    "spend": _MONEY,
+    "explored": "New results counted as progress for tasks without an inspector (the"
+    " exploration budget),",
+}
+"""How a series says what it sums, where "<label> spent" would not read right."""
 
 
 @dataclass(frozen=True)
@@ -205,7 +211,7 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
         stops.add_metric([state, reason], n)
     yield stops
     for dim in SPENT:
-        what = _MONEY if dim.used == "spend" else f"{dim.label.capitalize()} spent"
+        what = _WHAT.get(dim.used, f"{dim.label.capitalize()} spent")
         spent = GaugeMetricFamily(
             f"loopguard_{dim.used}",
             f"{what} by all tasks, by agent. A gauge, not a counter: a"

@@ -48,7 +48,7 @@ from .logs import task_context
 from .models import Approval as ApprovalRow
 from .models import ApprovalState, Decision, EventKind, Task, TaskState
 from .redaction import preview, redact_text
-from .spend import price_of
+from .spend import money, price_of
 from .store import LeaseLost, Record, Saved, Step, StepStore, open_store
 
 logger = logging.getLogger(__name__)
@@ -228,6 +228,10 @@ class _Driver:
             "approvals": _approvals_for(task),
         }
         self.fresh = not _same_phase(task, checkpoint)
+        # The guard may hold a write for approval before its claim (which reads the stop
+        # fact): then the stop fact must be read again before the call, to be named.
+        self.gated = options["needs_approval"] is not None or bool(options["approvals"])
+        self.approving = False  # the approved call is about to run: checkpoint it first
         self.guard = _guard_of(task, checkpoint, store, options)
         # What the last model call's calls came to, saved with the agent's memory: the two
         # go together (a model-planned agent answers its calls from it), in a new phase too.
@@ -249,7 +253,7 @@ class _Driver:
             stopped = self._run_approved(approved)
             if stopped is not None:
                 return self._finish(stopped)
-            reserved = True
+            reserved = isinstance(approved, list)  # its step's save counted the next call
         while True:
             if not reserved:
                 self._save(ahead=_NEXT_CALL)
@@ -260,7 +264,7 @@ class _Driver:
                 return self._finish(guard.planner_failed(exc))
             stop = guard.before_model(reserve=reserve)
             if stop is not None:
-                return self._finish(stop)
+                return self._finish(_in_money(stop, reserve))
             if reserve:
                 # Money is reserved before it is spent: stored before the paid call goes out.
                 self._save()
@@ -332,6 +336,7 @@ class _Driver:
         if isinstance(admitted, Nudge):
             self.observation = admitted
             return None
+        self.approving = True
         call = admitted[0].call
         note = _event(
             EventKind.NOTE,
@@ -383,7 +388,7 @@ class _Driver:
             self.pending.append(model_event)
             self.carried = self._step_of(tuple(self.pending), ahead=(0, 0, 1))
             self.ledger.carry = self.carried
-            if 0 in self.guard.remaining().values():
+            if self.gated or 0 in self.guard.remaining().values():
                 self.stop.forget()
         elif way is _Carriage.READ:
             # A read: its event goes with the read's save. After a slow model call (a real
@@ -423,6 +428,12 @@ class _Driver:
         outcome: Any = decision.result
         error: Exception | None = None
         executed = decision.action is Action.EXECUTE
+        if self.approving:
+            # The approval is used now: checkpointed before the call runs, so that a crash
+            # while it runs never hands it over again (a write would meet its ledger entry;
+            # a read would run twice).
+            self.approving = False
+            self._save(checkpoint=True)
         if executed:
             self.stop.forget()  # the tool may take a while: ask again afterwards
             try:
@@ -521,26 +532,34 @@ class _Driver:
             # The guard stopped because the stop fact could not be read, not because an
             # operator asked: record nothing and let recovery resume the task.
             raise DatabaseError("stopped on an unreadable stop fact; leaving it to recovery")
-        self.store.finish(report, checkpoint=self._checkpoint())
-        if self.agent.summary_turn:
-            self._summarise()
+        prompt, reserve = self._summary_turn()
+        # The summary turn's reservation is stored with the stop, in its transaction: it is
+        # spent before the call goes out, and a resumption meanwhile cannot lose it.
+        usage = self.guard.usage if prompt is not None else None
+        self.store.finish(
+            report, checkpoint=self._checkpoint(), usage=usage, summary_due=prompt is not None
+        )
+        if prompt is not None:
+            self._summarise(prompt, reserve)
         return f"{report.state}/{report.reason}"
 
-    def _summarise(self) -> None:
-        """The summary turn, after the stop is recorded: one model call with no tools,
-        its text added to the stop report. A crash during it leaves the stop as it was
-        (and the reservation, stored first, spent)."""
-        guard, agent = self.guard, self.agent
+    def _summary_turn(self) -> tuple[str | None, int]:
+        """The summary turn's prompt and reservation, if the agent takes one after this stop
+        (never after an operator asked to stop, whatever the stop's own reason)."""
+        if not self.agent.summary_turn or self.store.stop_requested():
+            return None, 0
         try:
             reserve = self._reservation()
         except Exception:
             logger.exception("task %s: no summary turn, its cost cannot be estimated", self.task.id)
-            return
-        prompt = guard.summary_turn(reserve=reserve)
-        if prompt is None:
-            return
-        if reserve:
-            lifecycle.charge_stopped(self.task.id, self.task.phase, guard.usage)
+            return None, 0
+        return self.guard.summary_turn(reserve=reserve), reserve
+
+    def _summarise(self, prompt: str, reserve: int) -> None:
+        """The summary turn, after the stop is recorded: one model call with no tools,
+        its text added to the stop report. A crash during it leaves the stop as it was
+        (and the reservation, stored with it, spent)."""
+        guard, agent = self.guard, self.agent
         started = time.monotonic()
         agent.usage_reset()
         try:
@@ -645,6 +664,16 @@ def _carriage(
     if proposal.effect == "write":
         return _Carriage.CLAIM
     return _Carriage.READ if quick else _Carriage.NOW
+
+
+def _in_money(stop: Report, reserve: int) -> Report:
+    """A spend stop's detail as people read money (the guard knows no currency)."""
+    if stop.reason is not Reason.SPEND_BUDGET:
+        return stop
+    left = stop.remaining.get("spend")
+    return replace(
+        stop, detail=f"the next model call may cost {money(reserve)}; {money(left)} left"
+    )
 
 
 def _unrecorded(guard: Guard, stop: Report | None, failed: LedgerError | None) -> Report | None:

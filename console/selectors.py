@@ -73,7 +73,7 @@ RECENT = timedelta(hours=24)  # the dashboard counts finished tasks over this wi
 GAUGED = tuple(d for d in DIMENSIONS if not d.per_job)
 BUDGETS = tuple(d.used for d in GAUGED)
 """The task counters a person sees (page gauges, the API's ``counters``), in order."""
-BUDGET_OF_REASON = {d.reason.value: d.limit for d in DIMENSIONS}
+BUDGET_OF_REASON = {d.reason.value: d.limit for d in DIMENSIONS if d.stops}
 """The limit a task ran out of, by its stop reason (the one a resumption must grant)."""
 
 

@@ -54,7 +54,8 @@ logger = logging.getLogger(__name__)
 
 MAX_INPUT_BYTES = 64 * 1024
 # The budget each stop reason says ran out, and the budgets a resumption may grant.
-BUDGET_REASONS = {d.reason.value: d.limit for d in DIMENSIONS}
+# A budget that does not stop a task when spent (the exploration budget) names no reason.
+BUDGET_REASONS = {d.reason.value: d.limit for d in DIMENSIONS if d.stops}
 GRANTABLE = tuple(d.limit for d in DIMENSIONS)
 LIMIT_FIELDS = tuple(f.name for f in fields(Limits))
 _UNLIMITED = Limits()  # a limit a task does not name is the default one

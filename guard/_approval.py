@@ -59,18 +59,18 @@ class ApprovalGate:
             if rejected.reason:
                 detail += f" ({rejected.reason})"
             return Refusal(State.PARTIAL, Reason.APPROVAL_REJECTED, detail)
+        if bound in self._approved and bound not in self.used:
+            # A person said yes to this very call: used now, whatever the policy would say
+            # (a policy that fails must not hold an approved call for ever).
+            self.used.append(bound)
+            return True
         if self._policy is None:
             return None
         try:
             needed = bool(self._policy(call))
         except Exception as exc:  # fail closed: a person decides
             return Refusal(State.NEEDS_HUMAN, Reason.APPROVAL_REQUIRED, describe(exc))
-        if not needed:
-            return None
-        if bound in self._approved and bound not in self.used:
-            self.used.append(bound)
-            return True
-        return _REQUIRED
+        return _REQUIRED if needed else None
 
     def runnable(self) -> Call | None:
         """The approved call to run before the model is asked again, once: an approval
@@ -101,14 +101,25 @@ class ApprovalGate:
 
     # -- checkpoint ----------------------------------------------------------------------
 
+    @property
+    def touched(self) -> bool:
+        """Whether this phase has used, offered or told anything (else no checkpoint part)."""
+        return bool(self.used) or self._offered or self._told
+
     def checkpoint(self) -> dict[str, Any]:
-        """The gate's part of a checkpoint: which approvals this phase has used."""
-        return {"used": [list(bound) for bound in self.used]}
+        """The gate's part of a checkpoint: which approvals this phase has used, and
+        whether it has offered the approved call and told the model of a rejection."""
+        return {
+            "used": [list(bound) for bound in self.used],
+            "offered": self._offered,
+            "told": self._told,
+        }
 
     def load(self, raw: Mapping[str, Any]) -> None:
         """Take back a part made by :meth:`checkpoint` (``TypeError``/``KeyError`` if not)."""
         self.used = [(text(fp), None if key is None else text(key)) for fp, key in raw["used"]]
-        self._offered = bool(self.used)
+        self._offered = bool(raw.get("offered", self.used))
+        self._told = bool(raw.get("told", False))
 
 
 def pending_of(call: Call, fp: str) -> dict[str, Any]:

@@ -184,6 +184,20 @@ class Budget:
         """Charge model usage reported by the planner (``ValueError`` unless a count)."""
         self.spent["tokens"] += _amount("tokens", tokens)
 
+    def explore(self) -> bool:
+        """Spend one of the exploration budget on a never-seen result, if any is left:
+        whether that result counts as progress."""
+        limit = self.limits.explore
+        if limit is not None and self.spent["explored"] >= limit:
+            return False
+        self.spent["explored"] += 1
+        return True
+
+    def explore_spent(self) -> bool:
+        """Whether the exploration budget is spent (never, while unbounded)."""
+        limit = self.limits.explore
+        return limit is not None and self.spent["explored"] >= limit
+
     def count_polls(self, polls: int) -> None:
         """Charge polls of ``PENDING`` jobs (their per-job bound is the detector's)."""
         self.spent["polls"] += polls

@@ -9,6 +9,7 @@ from typing import Any
 from ._approval import ApprovalGate
 from ._budget import Budget
 from ._detector import Detector
+from ._observed import Observer
 from ._report import Record
 from ._settlement import SettlementStep
 
@@ -29,12 +30,15 @@ def compose(
     settlement: SettlementStep,
     record: Record,
     approvals: ApprovalGate,
+    observer: Observer,
     *,
     history: bool,
 ) -> dict[str, Any]:
     """A checkpoint of the parts, each one's own under its name (the budget's is ``usage``,
     what was spent); without ``history``, what grows with the phase left out. The approval
-    gate's part is there only once the phase has used an approval."""
+    gate's part is there only once the phase has used an approval, the observer's
+    (``observed``: the hashes of the results that counted as progress, as many as the
+    exploration budget allows) only once progress was read from results."""
     saved = {
         "version": CHECKPOINT_VERSION,
         "usage": budget.checkpoint(),
@@ -42,8 +46,10 @@ def compose(
         "settlement": settlement.checkpoint(history=history),
         "record": record.checkpoint(history=history),
     }
-    if approvals.used:
+    if approvals.touched:
         saved["approvals"] = approvals.checkpoint()
+    if observer.used:
+        saved["observed"] = observer.checkpoint()
     return saved
 
 
@@ -62,8 +68,9 @@ def parts_of(checkpoint: Mapping[str, Any], history: Mapping[str, Any] | None) -
     if version != CHECKPOINT_VERSION:
         raise ValueError(f"checkpoint version {version!r} is not supported")
     parts = {name: checkpoint[name] for name in _PARTS}
-    if "approvals" in checkpoint:  # written only once an approval was used
-        parts["approvals"] = checkpoint["approvals"]
+    for optional in ("approvals", "observed"):  # written only once used
+        if optional in checkpoint:
+            parts[optional] = checkpoint[optional]
     if history is not None:
         for name, part in _HISTORY_PARTS.items():
             parts[part] = {**parts[part], name: history[name]}
@@ -76,6 +83,7 @@ def load(
     settlement: SettlementStep,
     record: Record,
     approvals: ApprovalGate,
+    observer: Observer,
 ) -> None:
     """Give each part its own checkpoint back from ``parts`` (of :func:`parts_of`); the
     budget's usage and the detector's revision are the guard's constructor's to take.
@@ -85,6 +93,8 @@ def load(
     record.load(parts["record"])
     if "approvals" in parts:
         approvals.load(parts["approvals"])
+    if "observed" in parts:
+        observer.load(parts["observed"])
 
 
 def _from_version_1(saved: Mapping[str, Any]) -> dict[str, Any]:

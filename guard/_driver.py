@@ -29,7 +29,7 @@ def drive(
     guard: Guard,
     plan: Plan,
     execute: Execute,
-    inspect: Inspect,
+    inspect: Inspect | None,
     lookup: Lookup | None,
     *,
     reserve: Reserve | None = None,
@@ -61,7 +61,7 @@ def _drive(
     guard: Guard,
     plan: Plan,
     execute: Execute,
-    inspect: Inspect,
+    inspect: Inspect | None,
     lookup: Lookup | None,
     reserve: Reserve | None,
 ) -> tuple[Report, Any]:

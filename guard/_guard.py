@@ -34,6 +34,7 @@ from ._checks import (
 from ._detector import Detector
 from ._driver import Execute, Inspect, Plan, Reserve, Summarise, drive
 from ._ledger import InMemoryLedger, Ledger
+from ._observed import Observer
 from ._outcome import OutcomeStep
 from ._report import RESUME_CONDITIONS, SUMMARY_REASONS, Record, Report
 from ._settlement import Lookup, SettlementStep
@@ -110,7 +111,8 @@ class Guard:
         self._settlement = SettlementStep(self.ledger, self._cancel)
         self._record = Record()
         self._admission = AdmissionStep(self._budget, self._detector, self._settlement, tools)
-        self._outcome = OutcomeStep(self._detector, self._settlement, self._record)
+        self._observer = Observer(self._budget, self._detector)
+        self._outcome = OutcomeStep(self._detector, self._settlement, self._record, self._observer)
         self._approvals = ApprovalGate(needs_approval, approvals)
         self._summarised = False  # the stop's one summary turn was handed out
         self._batch: list[Ticket] = []  # the calls of the current model call
@@ -130,7 +132,8 @@ class Guard:
 
     @property
     def revision(self) -> int:
-        """The verified revision: the business progress ``inspect`` reported so far."""
+        """The verified revision: the business progress ``inspect`` reported so far (with
+        no inspector, the count of new results and committed writes)."""
         return self._detector.revision
 
     def remaining(self) -> dict[str, int | None]:
@@ -161,6 +164,7 @@ class Guard:
             self._settlement,
             self._record,
             self._approvals,
+            self._observer,
             history=history,
         )
 
@@ -192,7 +196,14 @@ class Guard:
             parts = parts_of(checkpoint, history)
             used, revision = usage_from(parts["usage"]), count(parts["detector"]["revision"])
             guard = cls(limits, used=used, revision=revision, **options)
-            load(parts, guard._detector, guard._settlement, guard._record, guard._approvals)
+            load(
+                parts,
+                guard._detector,
+                guard._settlement,
+                guard._record,
+                guard._approvals,
+                guard._observer,
+            )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed checkpoint: {exc!r}") from exc
         return guard
@@ -203,13 +214,16 @@ class Guard:
         self,
         plan: Plan,
         execute: Execute,
-        inspect: Inspect,
+        inspect: Inspect | None,
         *,
         lookup: Lookup | None = None,
         reserve: Reserve | None = None,
         summarise: Summarise | None = None,
     ) -> Report:
         """Drive ``plan`` / ``execute`` / ``inspect`` until the guard stops; never raises.
+
+        ``inspect=None`` says the host has no trusted inspector: progress is then read from
+        the tools' own results (the observed-evidence policy, see :meth:`after_tool`).
 
         ``lookup(operation_key)`` is optional: it may settle a write whose outcome was lost
         (return a :class:`Settlement`) before the task stops as ``NEEDS_HUMAN``.
@@ -328,15 +342,30 @@ class Guard:
         result: Any = None,
         *,
         error: BaseException | None = None,
-        inspect: Inspect,
+        inspect: Inspect | None,
         lookup: Lookup | None = None,
     ) -> Report | None:
         """Record what one executed (or reused) call returned; the report if it stops here.
 
         Pass the tool's return value as ``result``, or the exception it raised as ``error``.
+
+        ``inspect`` verifies the step from trusted records; ``inspect=None`` (a host with no
+        inspector, such as a framework agent) reads progress from the result instead, the
+        observed-evidence policy: a ``SUCCESS`` read whose result was never seen before in
+        the task raises the revision by one and spends one of ``Limits.explore`` (a result
+        seen before, or one past that budget, does not count); a write that returns
+        ``SUCCESS`` is ``COMMITTED`` on the tool's own word (unless ``lookup`` finds
+        nothing: then ``UNKNOWN``) and raises the revision; any other write result settles
+        as ever (a lookup, else ``UNKNOWN``). Use one or the other for a whole task: the
+        revisions of the two do not mix.
         """
         if self._record.report is not None:
             return self._record.report
+        if inspect is None:
+            # The lookup is asked about a write's own SUCCESS; an outcome that was lost
+            # meets the lookup in the settlement instead, once.
+            returned = error is None and result_problem(result) is None
+            inspect = self._observer.about(ticket, lookup if returned else None)
         if ticket.status is Status.REUSING:
             ticket.status = Status.REUSED
             refused = self._outcome.verify(ticket, present(ticket.result), inspect)
@@ -431,13 +460,17 @@ class Guard:
             return self._stop(Refusal(State.PARTIAL, Reason.DEADLINE, detail))
         return pause
 
-    def finish(self, finish: Finish, inspect: Inspect) -> Report:
-        """The model says it is done: ``COMPLETED`` only if ``inspect`` verifies the goal."""
+    def finish(self, finish: Finish, inspect: Inspect | None) -> Report:
+        """The model says it is done: ``COMPLETED`` only if ``inspect`` verifies the goal.
+        With no inspector (``inspect=None``) nothing can verify it: the model's word ends
+        the task ``PARTIAL``/``goal_unverified``, the work done kept in the report."""
         if self._record.report is not None:
             return self._record.report
         if not self._planning:
             raise ValueError(_UNPLANNED)
         self._planning = False
+        if inspect is None:
+            inspect = self._observer.about(None)
         return self._stop(self._outcome.finish(finish, inspect))
 
     # -- internals -----------------------------------------------------------------------
@@ -473,7 +506,12 @@ class Guard:
             # (another input under its key, an uncertain entry), is not a person's to
             # approve: its claim says what becomes of it.
             looked = self._settlement.look(present(call.operation_key), ticket.fingerprint)
-            if looked is not False:
+            # Only a reuse, or another input under the key (which no answer changes), may
+            # skip the gate: a ledger that cannot be read, or an uncertain entry that a
+            # reconciler may yet settle "not committed", still waits for a person.
+            if looked is True or (
+                isinstance(looked, Refusal) and looked.reason is Reason.OPERATION_CONFLICT
+            ):
                 return None
         return held
 

@@ -17,6 +17,7 @@ from typing import Any
 from ._checks import Refusal, inspected, positive_ms, present
 from ._detector import Detector
 from ._driver import Inspect
+from ._observed import Observer
 from ._report import Record
 from ._settlement import Lookup, SettlementStep
 from ._ticket import Status, Ticket
@@ -30,6 +31,7 @@ _PRECONDITION = Refusal(State.NEEDS_HUMAN, Reason.PRECONDITION)
 _GOAL_MET = Refusal(State.COMPLETED, Reason.GOAL_MET)
 _GOAL_UNVERIFIED = Refusal(State.PARTIAL, Reason.GOAL_UNVERIFIED)
 _NO_PROGRESS = Refusal(State.PARTIAL, Reason.NO_PROGRESS)
+_EXPLORED = "the exploration budget is spent: new results no longer count as progress"
 
 
 class OutcomeStep:
@@ -39,12 +41,19 @@ class OutcomeStep:
     guard sets it back to 0 before each model call).
     """
 
-    __slots__ = ("_detector", "_record", "_settlement", "wait_ms")
+    __slots__ = ("_detector", "_observer", "_record", "_settlement", "wait_ms")
 
-    def __init__(self, detector: Detector, settlement: SettlementStep, record: Record) -> None:
+    def __init__(
+        self,
+        detector: Detector,
+        settlement: SettlementStep,
+        record: Record,
+        observer: Observer | None = None,
+    ) -> None:
         self._detector = detector
         self._settlement = settlement
         self._record = record
+        self._observer = observer
         self.wait_ms: float = 0
 
     def verify(
@@ -79,6 +88,10 @@ class OutcomeStep:
         if evidence.done:
             return _GOAL_MET
         if stalled:
+            observer = self._observer
+            if observer is not None and observer.exhausted():
+                # Say why new results stopped counting: a grant of "explore" is what helps.
+                return Refusal(State.PARTIAL, Reason.NO_PROGRESS, _EXPLORED)
             return _NO_PROGRESS
         if kind in _WAITING:
             wait_ms: Any = result.wait_ms

@@ -133,6 +133,8 @@ class Report:
     """Every call of the last model call and what became of it (ran, reused, not run…)."""
     detail: str = ""
     spend: int = 0
+    explored: int = 0
+    """How many never-seen results counted as progress (the observed-evidence policy)."""
     pending: Mapping[str, Any] | None = None
     """The call held for a person's approval (``approval_required``): tool, arguments,
     effect, operation key and fingerprint — what an :class:`Approval` answers."""

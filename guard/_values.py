@@ -103,8 +103,19 @@ class Limits:
     without the revision rising. ``polls`` bounds the polling of one ``PENDING`` job,
     ``tokens`` the model usage reported by the planner (``None``: unbounded), ``spend``
     the money model calls may cost, in an integer minor unit (``None``: unbounded; each
-    call's maximum cost is reserved before it starts, see :class:`Price`) and
-    ``max_period`` the longest cycle (A→B→…→A→B→…) that is detected.
+    call's maximum cost is reserved before it starts, see :class:`Price`), ``explore``
+    how many never-seen results may count as progress when the host has no trusted
+    inspector (``None``: unbounded; see below) and ``max_period`` the longest cycle
+    (A→B→…→A→B→…) that is detected.
+
+    ``explore`` is the exploration budget of the observed-evidence policy (``inspect=None``:
+    a successful read whose result was never seen before in the task is progress). Its
+    default, 20, is half the default request budget: room for a legitimate run of a dozen
+    or two distinct pages or searches, while a model that keeps finding something new
+    without ever writing or finishing still meets ``no_progress`` long before the request
+    budget. Once it is spent new results simply stop counting; the task stops
+    ``no_progress`` after ``stagnant`` more requests unless a committed write moves it on.
+    It is not used at all when the host passes its own inspector.
     """
 
     deadline_ms: int = 60_000
@@ -116,6 +127,7 @@ class Limits:
     polls: int = 10
     tokens: int | None = None
     spend: int | None = None
+    explore: int | None = 20
     max_period: int = 4
     exempt: frozenset[str] = frozenset()
     """Tools whose identical repetition is legitimate: not checked for repeats or cycles."""
@@ -126,7 +138,7 @@ class Limits:
         _require_count("same", self.same, minimum=1)
         _require_count("stagnant", self.stagnant, minimum=1)
         _require_count("max_period", self.max_period, minimum=1)
-        for name in ("tokens", "spend"):
+        for name in ("tokens", "spend", "explore"):
             if getattr(self, name) is not None:
                 _require_count(name, getattr(self, name), minimum=0)
         exempt: Any = self.exempt
@@ -163,6 +175,7 @@ class Usage:
     executions: int = 0
     tokens: int = 0
     spend: int = 0
+    explored: int = 0
     polls: int = 0
     elapsed_ms: int = 0
 
@@ -177,13 +190,21 @@ class Dimension:
     field), the reason a task stops when it runs out, and its name for people.
 
     ``per_job`` marks a limit that bounds each ``PENDING`` job rather than the task's total
-    (the polls): such a budget has no task-wide "remaining"."""
+    (the polls): such a budget has no task-wide "remaining".
+
+    ``stops`` is ``False`` for a budget whose end does not stop the task by itself: the
+    exploration budget. Once it is spent new results no longer count as progress, and the
+    task stops with its ``reason`` (``no_progress``) only if nothing else moves the revision
+    for ``stagnant`` requests. So that reason does not, by itself, mean this budget ran out
+    (most ``no_progress`` stops have nothing to do with it): a host that asks for a grant
+    of "the budget that ran out" reads it from the stopping dimensions only."""
 
     used: str
     limit: str
     reason: Reason
     label: str
     per_job: bool = False
+    stops: bool = True
 
 
 DIMENSIONS: tuple[Dimension, ...] = (
@@ -192,6 +213,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("executions", "executions", Reason.EXECUTION_BUDGET, "executions"),
     Dimension("tokens", "tokens", Reason.TOKEN_BUDGET, "tokens"),
     Dimension("spend", "spend", Reason.SPEND_BUDGET, "spend"),
+    Dimension("explored", "explore", Reason.NO_PROGRESS, "new results", stops=False),
     Dimension("polls", "polls", Reason.POLL_BUDGET, "polls", per_job=True),
     Dimension("elapsed_ms", "deadline_ms", Reason.DEADLINE, "time (ms)"),
 )

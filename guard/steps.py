@@ -38,6 +38,11 @@ phase's guard takes the answers (``approvals``) and runs an approved call first
 takes the call's maximum cost (``reserve``) and ``settle_spend`` the real one. After a stop
 for one of :data:`SUMMARY_REASONS`, ``summary_turn`` hands out one last prompt for a model
 call with no tools, and ``record_summary`` keeps its text in the report.
+
+A host with no trusted inspector passes ``inspect=None`` to ``after_tool`` and ``finish``
+(and ``run``): a never-seen ``SUCCESS`` read result is then progress, drawn from
+``Limits.explore``; a ``SUCCESS`` write is committed on the tool's word; a finish is
+``goal_unverified`` (docs/guard.md, "Progress without an inspector").
 """
 
 from ._checkpoint import CHECKPOINT_VERSION, HISTORY

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from django.db import connection
 
-from guard import Report
+from guard import Report, Usage
 from guard.steps import Claim, LedgerError, Operation
 
 from ..lifecycle import LostRace
@@ -144,8 +144,16 @@ class StepStore(Protocol):
         error goes on, so that a verified write is not left for recovery to lose."""
         ...
 
-    def finish(self, report: Report, *, checkpoint: Mapping[str, Any] | None) -> None:
-        """Record the guard's stop as the task's terminal state (``lifecycle.finish_drive``)."""
+    def finish(
+        self,
+        report: Report,
+        *,
+        checkpoint: Mapping[str, Any] | None,
+        usage: Usage | None = None,
+        summary_due: bool = False,
+    ) -> None:
+        """Record the guard's stop as the task's terminal state (``lifecycle.finish_drive``),
+        with ``usage`` when more was spent since the report (a summary turn's reservation)."""
         ...
 
     def history(self, phase: int) -> dict[str, list[Any]]:

@@ -12,7 +12,7 @@ from typing import Any
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from guard import Kind, Reason, Report
+from guard import Kind, Reason, Report, Usage
 from guard.steps import COMPLETED_KEPT, DIMENSIONS, OPERATION_MOVES, ClaimStatus, LedgerError
 from guard.steps import Operation as Entry
 
@@ -158,10 +158,24 @@ class BaseStore:
 
     # -- the end, and the way back ---------------------------------------------------------
 
-    def finish(self, report: Report, *, checkpoint: Mapping[str, Any] | None) -> None:
+    def finish(
+        self,
+        report: Report,
+        *,
+        checkpoint: Mapping[str, Any] | None,
+        usage: Usage | None = None,
+        summary_due: bool = False,
+    ) -> None:
         try:
             with transaction.atomic():
-                lifecycle.finish_drive(self.task_id, self.owner, report, checkpoint=checkpoint)
+                lifecycle.finish_drive(
+                    self.task_id,
+                    self.owner,
+                    report,
+                    checkpoint=checkpoint,
+                    usage=usage,
+                    summary_due=summary_due,
+                )
         except LeaseLost:
             raise
         except lifecycle.LostRace as exc:

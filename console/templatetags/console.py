@@ -9,11 +9,10 @@ from typing import Any
 from django import template
 from django.utils import timezone
 
-from console.agents import agent_class
 from console.models import Task
 from console.selectors import Gauge, ReportBudget, gauges, report_budgets
 from console.spend import money
-from guard.steps import DIMENSIONS, SUMMARY_REASONS
+from guard.steps import DIMENSIONS
 
 register = template.Library()
 
@@ -134,38 +133,18 @@ def call_usage(event: Any) -> str:
 
 @register.filter
 def awaits_summary(detail: Any) -> bool:
-    """Whether a stopped task's page should wait for its summary turn: the task stopped
-    moments ago for a reason a summary follows, its agent takes one, and the latest stop
-    report of this phase has none yet (the runner adds it just after the stop)."""
+    """Whether a stopped task's page should wait for its summary turn: its driver said one
+    follows (``summary_due`` in the stop report it stored), none has arrived yet, and the
+    stop was moments ago (a worker that died during the turn leaves none)."""
     task: Task = detail.task
     reports = getattr(detail, "reports", None)
-    if not task.is_terminal or not reports or task.reason not in SUMMARY_REASONS:
+    if not task.is_terminal or not reports:
         return False
     latest = reports[0]
-    if latest.phase != task.phase or (latest.report or {}).get("summary") is not None:
+    stored = latest.report or {}
+    if latest.phase != task.phase or not stored.get("summary_due") or stored.get("summary"):
         return False
-    if task.finished_at is None or timezone.now() - task.finished_at > SUMMARY_WAIT:
-        return False
-    return _takes_summary_turn(task)
-
-
-def _takes_summary_turn(task: Task) -> bool:
-    """The agent's ``summary_turn``: a class attribute, or (when an agent decides per task,
-    a property) read from an instance built on the task's input. An agent that cannot be
-    loaded or built here takes none as far as the page is concerned."""
-    try:
-        cls = agent_class(task.agent)
-        # Looked up without building an agent where its class already answers: building
-        # one runs its input check (and, for a real model's adapter, maybe more).
-        declared = next(
-            (vars(base)["summary_turn"] for base in cls.__mro__ if "summary_turn" in vars(base)),
-            None,
-        )
-        if isinstance(declared, bool):
-            return declared
-        return bool(cls(task.id, task.input or {}, {}).summary_turn)
-    except Exception:  # an agent's import or input check failing is no page error
-        return False
+    return task.finished_at is not None and timezone.now() - task.finished_at <= SUMMARY_WAIT
 
 
 @register.filter

@@ -168,3 +168,51 @@ def test_an_approved_call_of_a_batch_runs_after_the_calls_before_it_and_the_mode
     # Phase 2's first model call saw the batch's two results (the first call's and the
     # approved one's), as if the batch had gone on.
     assert task.checkpoint["agent"]["observed"][-1] == ["SUCCESS", "SUCCESS"]
+
+
+def test_a_stop_pressed_while_the_model_thinks_wins_over_a_held_write(
+    seeded: None, start: Start, monkeypatch: pytest.MonkeyPatch, django_user_model: type[User]
+) -> None:
+    from console.demo.support_desk import SupportDesk
+
+    operator = django_user_model.objects.create_user("olga")
+    plan = SupportDesk.plan
+
+    def stopped_meanwhile(self: SupportDesk, observation: object) -> object:
+        proposal = plan(self, observation)
+        if getattr(proposal, "tool", "") == "refund":  # the operator presses Stop now
+            services.task_stop(task_id=self.task_id, actor=operator, reason="hold everything")
+        return proposal
+
+    monkeypatch.setattr(SupportDesk, "plan", stopped_meanwhile)
+    task = start("support_desk", LARGE)
+
+    outcome = runner.drive(task.id)
+
+    assert outcome == "CANCELLED/operator_stop"
+    assert not Approval.objects.filter(task=task).exists()
+    assert Refund.objects.count() == 0
+
+
+def test_the_approval_is_checkpointed_as_used_before_the_approved_call_runs(
+    seeded: None, start: Start, approver: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from console.demo import support_desk
+
+    task, approval = _held(start)
+    services.approval_approve(
+        approval_id=approval.id, actor=approver, reason="ok", enqueue=lambda _: None
+    )
+    seen: list[object] = []
+    refund = support_desk.SupportDesk._refund
+
+    def watching(self: support_desk.SupportDesk, call: object) -> object:
+        # What a worker restarted now would resume from: the approval already used.
+        saved = Task.objects.values_list("checkpoint", flat=True).get(id=self.task_id)
+        seen.append(saved["guard"].get("approvals", {}).get("used"))
+        return refund(self, call)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(support_desk.SupportDesk, "_refund", watching)
+    runner.drive(task.id)
+
+    assert seen == [[[approval.fingerprint, "order-42-refund"]]]

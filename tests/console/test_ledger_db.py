@@ -340,8 +340,8 @@ def carrying(ledger: DatabaseLedger, task: Task) -> Step:
     """The driver's save of a model call (its event and counters), given to ``ledger`` to
     carry on its next claim, as the runner sends it when the model proposed one write."""
     event = {"kind": "model_call", "at": timezone.now(), "decision": "planned"}
-    usage = {"model_calls": 1, "requests": 1, "executions": 1, "tokens": 0, "spend": 0, "polls": 0}
-    step = Step({**usage, "elapsed_ms": 0}, 0, (event,))
+    usage = {"model_calls": 1, "requests": 1, "executions": 1, "tokens": 0, "spend": 0}
+    step = Step({**usage, "explored": 0, "polls": 0, "elapsed_ms": 0}, 0, (event,))
     assert ledger.store.next_seq == task.next_seq
     ledger.carry = step
     return step

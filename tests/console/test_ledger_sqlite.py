@@ -312,8 +312,8 @@ call_command("migrate", verbosity=0)
 task = services.task_start(agent="test_notices", input={"count": 1}, enqueue=lambda i: None)
 store = open_store(task.id, "driver")
 store.take_lease(30)
-usage = {"model_calls": 1, "requests": 1, "executions": 1, "tokens": 0, "spend": 0, "polls": 0,
-         "elapsed_ms": 0}
+usage = {"model_calls": 1, "requests": 1, "executions": 1, "tokens": 0, "spend": 0,
+         "explored": 0, "polls": 0, "elapsed_ms": 0}
 def model_call():
     return {"kind": "model_call", "at": timezone.now(), "decision": "planned"}
 with connection.cursor() as cursor:

@@ -323,6 +323,7 @@ def test_an_empty_database_still_gives_every_family(scrape: Callable[[], Exposit
         "loopguard_executions",
         "loopguard_tokens",
         "loopguard_spend",
+        "loopguard_explored",
         "loopguard_step_latency_seconds",
     }
     assert metrics.value("loopguard_operations_unknown") == 0

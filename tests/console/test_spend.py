@@ -36,7 +36,7 @@ def test_spend_runs_out_mid_task_and_the_call_that_does_not_fit_never_starts(
     report = StopReport.objects.get(task=task).report
     assert report["used"]["spend"] == 4 * COST
     assert report["remaining_budget"]["spend"] == 20_000 - 4 * COST
-    assert "may cost 6000; 5600 left" in report["detail"]
+    assert report["detail"] == "the next model call may cost USD 0.006; USD 0.0056 left"
     costs = list(
         TraceEvent.objects.filter(task=task, kind="model_call").values_list("cost", flat=True)
     )
@@ -141,3 +141,27 @@ def test_a_spend_grant_keeps_an_unbounded_spend_unbounded_and_adds_to_a_bounded_
     bounded.refresh_from_db()
     assert unbounded.limits.get("spend") is None
     assert bounded.limits["spend"] == 30_000
+
+
+def test_the_summary_turns_reservation_is_stored_with_the_stop_before_the_call(
+    seeded: None, start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from console.demo.agents import PaidReader
+
+    seen: list[tuple[str, int]] = []
+    summarise = PaidReader.summarise
+
+    def watching(self: PaidReader, prompt: str, observation: Any) -> Any:
+        row = Task.objects.values_list("state", "spend").get(id=self.task_id)
+        seen.append(row)
+        return summarise(self, prompt, observation)
+
+    monkeypatch.setattr(PaidReader, "summarise", watching)
+    task = start("paid_reader", {"pages": 10, "summary": "yes"}, model_calls=2, spend=50_000)
+
+    assert runner.drive(task.id) == "PARTIAL/model_budget"
+
+    # Two calls spent 7,200; the turn's 6,000 was stored with the stop, before the call.
+    assert seen == [("PARTIAL", 2 * COST + RESERVED)]
+    task.refresh_from_db()
+    assert task.spend == 2 * COST + RESERVED  # scripted: it reports no usage, so it all counts

@@ -29,7 +29,8 @@ OTHER_FP = "0" * 64
 
 
 def _usage(**spent: int) -> dict[str, int]:
-    zero = {"model_calls": 0, "requests": 0, "executions": 0, "tokens": 0, "spend": 0, "polls": 0}
+    zero = {"model_calls": 0, "requests": 0, "executions": 0, "tokens": 0, "spend": 0}
+    zero |= {"explored": 0, "polls": 0}
     return {**zero, "elapsed_ms": 0, **spent}
 
 

@@ -533,6 +533,7 @@ def test_an_unknown_commit_stop_report_round_trips_through_json_in_the_designs_s
         "executions": 4,
         "tokens": None,
         "spend": None,
+        "explore": 20,
         "deadline_ms": 900,
     }
     assert decoded["resume_condition"] == RESUME_CONDITIONS[Reason.UNKNOWN_COMMIT]

@@ -45,7 +45,7 @@ def test_the_task_list_filters_and_pages_like_the_console(
     assert shown["phase"] == 1
     assert shown["counters"] == {
         "model_calls": 0, "requests": 0, "executions": 0, "tokens": 0, "spend": 0,
-        "elapsed_ms": 0,
+        "explored": 0, "elapsed_ms": 0,
     }
     assert shown["limits"]["model_calls"] == readers[2].limits["model_calls"]
     assert {"created_at", "updated_at", "url"} <= set(shown)

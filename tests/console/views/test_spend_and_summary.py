@@ -157,15 +157,18 @@ def test_a_task_without_a_summary_turn_has_no_summary_section(
     assert SUMMARY_POLLER not in html
 
 
+def _stopped_before_its_summary(start: Start, monkeypatch: pytest.MonkeyPatch) -> Task:
+    """A task the runner stopped, saying a summary turn follows, that has not come yet."""
+    monkeypatch.setattr(runner._Driver, "_summarise", lambda self, prompt, reserve: None)
+    task = start("budget_burner", {"dimension": "model_calls", "summary": "yes"})
+    runner.drive(task.id)
+    return task
+
+
 def test_a_page_opened_between_the_stop_and_its_summary_waits_for_the_summary(
-    seeded: None, start: Start, signed_in: SignIn
+    seeded: None, start: Start, signed_in: SignIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Stopped the way the runner records it, the summary turn not taken yet.
-    task = finish(
-        start("budget_burner", {"dimension": "model_calls", "summary": "yes"}),
-        "PARTIAL",
-        "model_budget",
-    )
+    task = _stopped_before_its_summary(start, monkeypatch)
 
     html = body(signed_in("viewer").get(f"/tasks/{task.id}/"))
 
@@ -175,13 +178,9 @@ def test_a_page_opened_between_the_stop_and_its_summary_waits_for_the_summary(
 
 
 def test_a_page_stops_waiting_for_a_summary_that_never_came(
-    seeded: None, start: Start, signed_in: SignIn
+    seeded: None, start: Start, signed_in: SignIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    task = finish(
-        start("budget_burner", {"dimension": "model_calls", "summary": "yes"}),
-        "PARTIAL",
-        "model_budget",
-    )
+    task = _stopped_before_its_summary(start, monkeypatch)
     # Its worker died during the summary turn, long ago.
     Task.objects.filter(id=task.id).update(finished_at=timezone.now() - timedelta(minutes=5))
 
