@@ -75,8 +75,10 @@ def _drive(
             proposal: Any = None  # one call: its result is the observation
         else:
             try:
-                cost = 0 if reserve is None else reserve(observation)
-                stop = guard.before_model(reserve=cost)  # ValueError: not an amount
+                if reserve is None:
+                    stop = guard.before_model()
+                else:  # ValueError: not an amount
+                    stop = guard.before_model(reserve=reserve(observation))
             except Exception as exc:
                 return guard.planner_failed(exc), observation
             if stop is not None:
@@ -124,5 +126,5 @@ def _drive(
                     return guard.halt(State.CANCELLED, Reason.OPERATOR_STOP), observation
                 failed = guard.halt(State.FAILED, Reason.EXECUTOR_ERROR, describe(exc))
                 return failed, observation
-        several = isinstance(proposal, list | tuple)
+        several = isinstance(proposal, (list, tuple))  # a tuple: no union object made per step
         observation = results if several else results[0]
