@@ -187,8 +187,8 @@ what a command needs the first time), then runs the command there.
            PostgreSQL and Redis when they answer and a standalone mode (SQLite, a broker in
            folders) when they do not.  `python3 manage.py up --help` lists its options.
   test     the whole test suite: ruff, mypy --strict, then pytest against the real
-           PostgreSQL and Redis (installs the dev extras, and Debian's chromium for the
-           browser tests).  `python3 manage.py help test` says more.
+           PostgreSQL and Redis (installs the dev and framework extras, and Debian's
+           chromium for the browser tests).  `python3 manage.py help test` says more.
   <other>  any Django management command (migrate, createsuperuser, start_task,
            create_user, create_api_token, ...); `python3 manage.py help <command>` for one,
            `python3 manage.py help --commands` for the list (these need .venv).
@@ -207,8 +207,8 @@ Runs, in order and stopping at the first that fails:
                     workers and headless Chromium; arguments are passed to pytest
                     (for instance `-m "not slow"`, `tests/guard`, `-x`).
 
-Before it runs, .venv gets the project with its dev and model extras (the first time, or
-when pyproject.toml changed), and Debian's chromium package is installed if it is missing
+Before it runs, .venv gets the project with its dev, model, langchain and openai-agents
+extras (the first time, or when pyproject.toml changed), and Debian's chromium package is installed if it is missing
 and this is root with apt (otherwise the browser tests are skipped, and say so).
 
 Nothing is installed to show this text.
@@ -237,7 +237,8 @@ def main(argv: list[str]) -> None:
         argv = [argv[0], "up", "--help"]  # up's own options, from its parser
         command = "up"
     if command == "test":
-        ensure_environment("dev,model")  # the model agent's client is an extra its tests need
+        # The model agent's client and the framework integrations are extras their tests need.
+        ensure_environment("dev,model,langchain,openai-agents")
         run_tests(argv[2:])
     elif command == "up":
         ensure_environment(model_extra())

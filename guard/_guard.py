@@ -358,8 +358,11 @@ class Guard:
         nothing: then ``UNKNOWN``) and raises the revision; any other write result settles
         as ever (a lookup, else ``UNKNOWN``). Use one or the other for a whole task: the
         revisions of the two do not mix.
+
+        A call that was executing when another call of its batch stopped the task (a host
+        that runs a batch at once) is still settled: its write must not stay ``IN_FLIGHT``.
         """
-        if self._record.report is not None:
+        if self._record.report is not None and ticket.status is not Status.EXECUTING:
             return self._record.report
         if inspect is None:
             # The lookup is asked about a write's own SUCCESS; an outcome that was lost
@@ -387,7 +390,8 @@ class Guard:
             if result.attempts != 1:
                 self._budget.charge_retries(result.attempts)  # the adapter's own retries count too
             refused = self._outcome.verify(ticket, result, inspect, lookup=lookup)
-        return None if refused is None else self._stop(refused, ticket)
+        # Settled after the task stopped (a batch run at once): the first stop stands.
+        return self._record.report if refused is None else self._stop(refused, ticket)
 
     def planner_failed(self, error: BaseException) -> Report:
         """The model call raised instead of proposing: stop ``FAILED/planner_error``."""

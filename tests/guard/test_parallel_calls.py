@@ -183,3 +183,31 @@ def test_a_write_key_twice_in_one_batch_with_other_input_is_a_conflict() -> None
 
     assert (report.state, report.reason) == (State.NEEDS_HUMAN, Reason.OPERATION_CONFLICT)
     assert script.execute.entries == 0
+
+
+def test_a_write_executing_beside_the_call_that_stopped_the_task_is_still_settled() -> None:
+    # A host that runs a batch at once (the Agents SDK): the read fails for good while the
+    # write runs; the write's outcome, reported afterwards, must reach the ledger.
+    from guard import Call, Evidence, InMemoryLedger, Kind, OperationState, Result, State
+    from guard.steps import Action
+
+    from .support import Clock, make_guard, roomy
+
+    ledger = InMemoryLedger()
+    guard = make_guard(Clock(), roomy(), ledger=ledger)
+    write = Call("send", {"n": 1}, "write", "k1")
+    assert guard.before_model() is None
+    tickets = guard.before_tools([write, Call("read", {"n": 1})])
+    assert isinstance(tickets, list)
+    assert [guard.before_tool(t).action for t in tickets] == [Action.EXECUTE, Action.EXECUTE]
+
+    def inspect(result: object, step: object) -> Evidence:
+        return Evidence(0, False, committed=True)
+
+    stop = guard.after_tool(tickets[1], Result(Kind.FATAL), inspect=inspect)
+    assert stop is not None and stop.state is State.FAILED
+    after = guard.after_tool(tickets[0], Result(Kind.SUCCESS, {"sent": 1}), inspect=inspect)
+
+    assert after is stop  # the stop stands
+    entry = ledger.get("k1")
+    assert entry is not None and entry.state is OperationState.COMMITTED
