@@ -208,8 +208,9 @@ Runs, in order and stopping at the first that fails:
                     (for instance `-m "not slow"`, `tests/guard`, `-x`).
 
 Before it runs, .venv gets the project with its dev, model, langchain and openai-agents
-extras (the first time, or when pyproject.toml changed), and Debian's chromium package is installed if it is missing
-and this is root with apt (otherwise the browser tests are skipped, and say so).
+extras (the first time, or when pyproject.toml changed), and Debian's chromium package is
+installed if it is missing and this is root with apt (otherwise the browser tests are
+skipped, and say so).
 
 Nothing is installed to show this text.
 """

@@ -139,6 +139,14 @@ class Budget:
         self.spent["spend"] += cost - self._spend_held
         self._spend_held = None
 
+    def held(self) -> int | None:
+        """The spend reserved for the model call in progress (``None``: none to settle)."""
+        return self._spend_held
+
+    def hold(self, reserve: Any) -> None:
+        """Take back :meth:`held` from a checkpoint (``ValueError`` unless an amount)."""
+        self._spend_held = None if reserve is None else _amount("spend_held", reserve)
+
     def reserve_past_stop(self, reserve: int) -> bool:
         """Reserve the spend of one model call after the task stopped (the summary turn):
         the other budgets no longer apply, the spend budget still does."""

@@ -148,7 +148,7 @@ class Guard:
         """Ask the guard to stop; honoured at the next model call or tool execution."""
         self._cancel.set()
 
-    def checkpoint(self, *, history: bool = True) -> dict[str, Any]:
+    def checkpoint(self, *, history: bool = True, steps: bool = False) -> dict[str, Any]:
         """JSON-ready state to rebuild this guard in another process with :meth:`restore`:
         each part's own checkpoint under its name (the budget's is ``usage``, what was spent:
         a host whose own counters are never behind may put those in its place).
@@ -158,7 +158,7 @@ class Guard:
         what grows with the phase (see :meth:`history`): a host that keeps it elsewhere
         (a trace) hands it back to :meth:`restore`.
         """
-        return compose(
+        saved = compose(
             self._budget,
             self._detector,
             self._settlement,
@@ -167,6 +167,14 @@ class Guard:
             self._observer,
             history=history,
         )
+        if steps and (self._planning or self._batch):
+            saved["steps"] = {
+                "planning": self._planning,
+                "batch": [ticket.to_dict() for ticket in self._batch],
+                "wait_ms": self._outcome.wait_ms,
+                "spend_held": self._budget.held(),
+            }
+        return saved
 
     def history(self) -> dict[str, Any]:
         """What grows with the phase: the operation keys it touched (``touched``, in
@@ -204,6 +212,8 @@ class Guard:
                 guard._approvals,
                 guard._observer,
             )
+            if "steps" in checkpoint:
+                guard._resume_steps(checkpoint["steps"])
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed checkpoint: {exc!r}") from exc
         return guard
@@ -478,6 +488,19 @@ class Guard:
         return self._stop(self._outcome.finish(finish, inspect))
 
     # -- internals -----------------------------------------------------------------------
+
+    @property
+    def tickets(self) -> tuple[Ticket, ...]:
+        """The admitted calls of the current model call, in order (a host that keeps the
+        guard between requests finds a ticket here again after :meth:`restore`)."""
+        return tuple(self._batch)
+
+    def _resume_steps(self, raw: Mapping[str, Any]) -> None:
+        """Take back a step in progress from ``checkpoint(steps=True)``."""
+        self._planning = bool(raw["planning"])
+        self._batch = [Ticket.from_dict(item) for item in raw["batch"]]
+        self._outcome.wait_ms = float(raw["wait_ms"])
+        self._budget.hold(raw.get("spend_held"))
 
     def _between_calls(self) -> Report | None:
         """Before new calls (planned or approved): an execution never reported is lost,

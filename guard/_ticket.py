@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from ._checks import count, plain, text
 from ._report import Report
 from ._values import Call, Kind, Result
 
@@ -42,6 +44,38 @@ class Ticket:
         self.poll = poll
         self.result: Result | None = None
         self.status = Status.ADMITTED
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ticket as JSON-ready data, for a checkpoint taken between steps."""
+        call = self.call
+        return {
+            "index": self.index,
+            "tool": call.tool,
+            "args": plain(call.args),
+            "effect": call.effect,
+            "operation_key": call.operation_key,
+            "fingerprint": self.fingerprint,
+            "poll": self.poll,
+            "status": str(self.status),
+            "result": None if self.result is None else self.result.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Ticket:
+        """A ticket made by :meth:`to_dict` (``KeyError``/``TypeError``/``ValueError`` if
+        malformed)."""
+        effect = raw["effect"]
+        if effect not in ("read", "write"):
+            raise ValueError(f"a ticket's effect is read or write, not {effect!r}")
+        key = raw["operation_key"]
+        call = Call(
+            text(raw["tool"]), dict(raw["args"]), effect, None if key is None else text(key)
+        )
+        ticket = cls(count(raw["index"]), call, text(raw["fingerprint"]), bool(raw["poll"]))
+        ticket.status = Status(raw["status"])
+        result = raw["result"]
+        ticket.result = None if result is None else Result.from_dict(result)
+        return ticket
 
     def describe(self) -> dict[str, Any]:
         """A JSON-ready line for the stop report's batch."""
