@@ -216,3 +216,23 @@ def test_the_approval_is_checkpointed_as_used_before_the_approved_call_runs(
     runner.drive(task.id)
 
     assert seen == [[[approval.fingerprint, "order-42-refund"]]]
+
+
+def test_the_database_lets_an_approval_be_answered_once_and_never_rewritten(
+    seeded: None, start: Start, approver: User
+) -> None:
+    from django.db import DatabaseError, transaction
+
+    _, approval = _held(start)
+    rows = Approval.objects.filter(id=approval.id)
+    with pytest.raises(DatabaseError, match="answered once"), transaction.atomic():
+        rows.update(args={"order": 42, "amount_cents": 999_999})  # the call a person sees
+    services.approval_approve(
+        approval_id=approval.id, actor=approver, reason="checked", enqueue=lambda _: None
+    )
+
+    with pytest.raises(DatabaseError, match="answered once"), transaction.atomic():
+        rows.update(state=ApprovalState.REJECTED, reason="changed my mind")
+    with pytest.raises(DatabaseError, match="DELETE refused"), transaction.atomic():
+        rows._raw_delete(rows.db)  # past the ORM's own refusal (the audit entry protects it)
+    assert rows.get().state == ApprovalState.APPROVED

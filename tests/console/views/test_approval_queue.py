@@ -56,7 +56,16 @@ def test_the_queue_shows_the_held_call_in_full(signed_in: SignIn, held: Approval
 
 
 def test_an_argument_holding_markup_is_shown_as_text(signed_in: SignIn, held: Approval) -> None:
-    Approval.objects.filter(id=held.id).update(args={"note": XSS, "amount_cents": 1500})
+    # A held call is never rewritten (a trigger refuses it): this one is held so, as written.
+    Approval.objects.create(
+        task=held.task,
+        phase=held.phase + 1,
+        tool="refund",
+        effect="write",
+        operation_key="order-42-refund-2",
+        fingerprint="f" * 64,
+        args={"note": XSS, "amount_cents": 1500},
+    )
 
     html = body(signed_in("approver").get("/approvals/"))
 
