@@ -127,7 +127,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NotRequired, Protocol
+from typing import Any, NotRequired
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, hook_config
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
@@ -138,7 +138,7 @@ from langgraph.types import Command
 
 from . import Call, Finish, Kind, Nudge, Reason, Report, Result, State
 from .adapters import ToolSpec, calls_from_openai
-from .steps import Action, Decision, Ticket
+from .steps import Action, Decision, StepGuard, Ticket
 
 __all__ = [
     "ERROR_WAIT_MS",
@@ -166,49 +166,6 @@ takes it."""
 
 Handler = Callable[[ToolCallRequest], ToolMessage | Command[Any]]
 AsyncHandler = Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]]
-
-
-class StepGuard(Protocol):
-    """The step-wise interface the middleware drives: :class:`guard.Guard` offers it, and so
-    will the remote guard that speaks the console's step protocol."""
-
-    @property
-    def report(self) -> Report | None:
-        """The stop report once the guard has stopped."""
-
-    def before_model(self, *, reserve: int = 0) -> Report | None:
-        """Check, then count, one model call."""
-
-    def before_tools(self, proposal: Any) -> list[Ticket] | Nudge | Report:
-        """Admit the calls of one model call."""
-
-    def before_tool(self, ticket: Ticket) -> Decision:
-        """Decide at the executor's entry."""
-
-    def after_tool(
-        self,
-        ticket: Ticket,
-        result: Any = None,
-        *,
-        error: BaseException | None = None,
-        inspect: Inspect | None,
-    ) -> Report | None:
-        """Record what one executed or reused call returned."""
-
-    def before_wait(self) -> float | Report:
-        """Milliseconds to wait before the next model call, or the stop report."""
-
-    def finish(self, finish: Finish, inspect: Inspect | None) -> Report:
-        """The model says it is done."""
-
-    def halt(self, state: State, reason: Reason, detail: str = "") -> Report:
-        """Stop now for a reason found outside the guard."""
-
-    def remaining(self) -> dict[str, int | None]:
-        """Budget left per dimension."""
-
-    def spend_tokens(self, tokens: int) -> None:
-        """Charge model usage to the token budget."""
 
 
 class GuardState(AgentState[Any]):

@@ -87,7 +87,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from agents import (
     Agent,
@@ -108,7 +108,7 @@ from agents.tool_context import ToolContext
 from . import Call, Evidence, Finish, Kind, Nudge, Price, Reason, Report, Result, State
 from .adapters import OperationKey, Outcome, ToolSpec, Turn, calls_from_openai
 from .adapters import openai_tool_messages as _tool_messages
-from .steps import Action, Decision, Effect, Ticket
+from .steps import Action, Effect, StepGuard, Ticket
 
 __all__ = ["GuardStopped", "GuardedOutcome", "GuardedRun", "StepGuard"]
 
@@ -116,52 +116,6 @@ Inspect = Callable[[Result | None, Call | Finish], Evidence]
 """A trusted inspector, as ``Guard.after_tool`` and ``Guard.finish`` take it."""
 
 _ENDED_ON_TOOL = "the run ended on a tool's output, not on the model's answer"
-
-
-class StepGuard(Protocol):
-    """The step-wise guard this integration drives: :class:`guard.Guard`, or a remote guard
-    that speaks the console's step protocol with the same methods."""
-
-    @property
-    def report(self) -> Report | None:
-        """The stop report once stopped, else ``None``."""
-
-    def before_model(self, *, reserve: int = 0) -> Report | None:
-        """Check, then count, one model call."""
-
-    def settle_spend(self, cost: int) -> None:
-        """The last model call's real cost."""
-
-    def spend_tokens(self, tokens: int) -> None:
-        """Charge model usage to the token budget."""
-
-    def before_wait(self) -> float | Report:
-        """Milliseconds to wait before the next model call, or the stop report."""
-
-    def before_tools(self, proposal: Any) -> list[Ticket] | Nudge | Report:
-        """Admit the calls of one model call."""
-
-    def before_tool(self, ticket: Ticket) -> Decision:
-        """Decide at the executor's entry: execute, reuse or stop."""
-
-    def after_tool(
-        self,
-        ticket: Ticket,
-        result: Any = None,
-        *,
-        error: BaseException | None = None,
-        inspect: Inspect | None,
-    ) -> Report | None:
-        """Record what one executed (or reused) call returned."""
-
-    def finish(self, finish: Finish, inspect: Inspect | None) -> Report:
-        """The model says it is done."""
-
-    def planner_failed(self, error: BaseException) -> Report:
-        """The model call raised instead of proposing."""
-
-    def halt(self, state: State, reason: Reason, detail: str = "") -> Report:
-        """Stop now for a reason found outside the guard."""
 
 
 class GuardStopped(AgentsException):

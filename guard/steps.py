@@ -39,6 +39,10 @@ takes the call's maximum cost (``reserve``) and ``settle_spend`` the real one. A
 for one of :data:`SUMMARY_REASONS`, ``summary_turn`` hands out one last prompt for a model
 call with no tools, and ``record_summary`` keeps its text in the report.
 
+:class:`StepGuard` is the interface a host drives (the local ``Guard`` offers it); the
+framework integrations ``guard.langchain`` and ``guard.openai_agents`` take any object
+that offers it.
+
 A host with no trusted inspector passes ``inspect=None`` to ``after_tool`` and ``finish``
 (and ``run``): a never-seen ``SUCCESS`` read result is then progress, drawn from
 ``Limits.explore``; a ``SUCCESS`` write is committed on the tool's word; a finish is
@@ -49,6 +53,7 @@ from ._checkpoint import CHECKPOINT_VERSION, HISTORY
 from ._checks import transient_error
 from ._fingerprint import BadArguments, canonical_json, fingerprint
 from ._ledger import OPERATION_MOVES, Claim, ClaimStatus, LedgerError, Operation
+from ._protocol import StepGuard
 from ._report import COMPLETED_KEPT, RESUME_CONDITIONS, SUMMARY_REASONS
 from ._settlement import IN_FLIGHT_WAIT_MS, RETRY_WAIT_MS
 from ._ticket import Action, Decision, Ticket
@@ -73,6 +78,7 @@ __all__ = [
     "Effect",
     "LedgerError",
     "Operation",
+    "StepGuard",
     "Ticket",
     "canonical_json",
     "fingerprint",

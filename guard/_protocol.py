@@ -1,0 +1,62 @@
+"""What a host drives, step by step: the local :class:`~guard.Guard` offers it, and so will
+the remote guard that speaks the console's step protocol. The framework integrations
+(``guard.langchain``, ``guard.openai_agents``) take any object that offers it."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ._driver import Inspect
+from ._report import Report
+from ._ticket import Decision, Ticket
+from ._values import Finish, Nudge, Reason, State
+
+__all__ = ["StepGuard"]
+
+
+class StepGuard(Protocol):
+    """The step-wise guard (see :mod:`guard.steps` for what each step decides)."""
+
+    @property
+    def report(self) -> Report | None:
+        """The stop report once the guard has stopped, else ``None``."""
+
+    def before_model(self, *, reserve: int = 0) -> Report | None:
+        """Check, then count, one model call (reserving its maximum cost)."""
+
+    def settle_spend(self, cost: int) -> None:
+        """The last model call's real cost replaces its reservation."""
+
+    def spend_tokens(self, tokens: int) -> None:
+        """Charge model usage to the token budget."""
+
+    def before_tools(self, proposal: Any) -> list[Ticket] | Nudge | Report:
+        """Admit the calls of one model call."""
+
+    def before_tool(self, ticket: Ticket) -> Decision:
+        """Decide at the executor's entry: execute, reuse or stop."""
+
+    def after_tool(
+        self,
+        ticket: Ticket,
+        result: Any = None,
+        *,
+        error: BaseException | None = None,
+        inspect: Inspect | None,
+    ) -> Report | None:
+        """Record what one executed (or reused) call returned."""
+
+    def before_wait(self) -> float | Report:
+        """Milliseconds to wait before the next model call, or the stop report."""
+
+    def finish(self, finish: Finish, inspect: Inspect | None) -> Report:
+        """The model says it is done: ``COMPLETED`` only if verified."""
+
+    def planner_failed(self, error: BaseException) -> Report:
+        """The model call raised instead of proposing."""
+
+    def halt(self, state: State, reason: Reason, detail: str = "") -> Report:
+        """Stop now for a reason found outside the guard."""
+
+    def remaining(self) -> dict[str, int | None]:
+        """Budget left per dimension."""
