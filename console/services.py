@@ -158,7 +158,9 @@ def task_start(
     except ValueError as exc:
         raise InvalidInput(f"invalid input for {agent}: {exc}") from exc
     task_limits = parse_limits(cls.default_limits, limits)
-    if task_limits.get("spend") is not None and not cls.reports_cost:
+    if task_limits.get("spend") is not None:
+        # Money is reserved before it is spent: without a price no call's maximum cost is
+        # known, and a paid call would start with nothing reserved.
         model = cls.model_name()
         if price_of(model) is None:
             raise InvalidInput(

@@ -72,8 +72,6 @@ class Agent(ABC):
     False, an uncertain write always goes to a human (the lost-response demo does this)."""
     model: ClassVar[str] = ""
     """The model whose price (``LOOPGUARD_MODEL_PRICES``) the spend budget charges."""
-    reports_cost: ClassVar[bool] = False
-    """Its planner sets ``self.cost`` itself: a spend budget needs no price then."""
     max_output_tokens: int = 0
     """The most tokens one reply may have: the output part of each call's reservation."""
     summary_turn: bool = False
