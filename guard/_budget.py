@@ -112,13 +112,8 @@ class Budget:
         for used, limit, reason in self._before_model:  # read on every step: no call more
             if self.spent[used] >= limit:
                 return reason
-        if reserve:
-            reserve = _amount("reserve", reserve)
-            spend = self.limits.spend
-            if spend is not None and self.spent["spend"] + reserve > spend:
-                return Reason.SPEND_BUDGET
-            # Spent now, settled after the call: a crash in between keeps it spent.
-            self.spent["spend"] += reserve
+        if reserve and not self._reserve(reserve):
+            return Reason.SPEND_BUDGET
         self._spend_held = reserve
         self.spent["model_calls"] += 1
         return None
@@ -150,12 +145,20 @@ class Budget:
     def reserve_past_stop(self, reserve: int) -> bool:
         """Reserve the spend of one model call after the task stopped (the summary turn):
         the other budgets no longer apply, the spend budget still does."""
+        if not self._reserve(reserve):
+            return False
+        self._spend_held = reserve
+        return True
+
+    def _reserve(self, reserve: int) -> bool:
+        """Count ``reserve`` as spent if it fits in the spend budget (``ValueError`` unless
+        an amount): spent now and settled after the call, so a crash in between keeps it
+        spent."""
         reserve = _amount("reserve", reserve)
         spend = self.limits.spend
         if spend is not None and self.spent["spend"] + reserve > spend:
             return False
         self.spent["spend"] += reserve
-        self._spend_held = reserve
         return True
 
     def start_request(self) -> Reason | None:
@@ -195,8 +198,7 @@ class Budget:
     def explore(self) -> bool:
         """Spend one of the exploration budget on a never-seen result, if any is left:
         whether that result counts as progress."""
-        limit = self.limits.explore
-        if limit is not None and self.spent["explored"] >= limit:
+        if self.explore_spent():
             return False
         self.spent["explored"] += 1
         return True

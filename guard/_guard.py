@@ -136,6 +136,12 @@ class Guard:
         no inspector, the count of new results and committed writes)."""
         return self._detector.revision
 
+    @property
+    def tickets(self) -> tuple[Ticket, ...]:
+        """The admitted calls of the current model call, in order (a host that keeps the
+        guard between requests finds a ticket here again after :meth:`restore`)."""
+        return tuple(self._batch)
+
     def remaining(self) -> dict[str, int | None]:
         """Budget left per dimension (``None``: that dimension has no limit)."""
         return self._budget.remaining()
@@ -488,12 +494,6 @@ class Guard:
         return self._stop(self._outcome.finish(finish, inspect))
 
     # -- internals -----------------------------------------------------------------------
-
-    @property
-    def tickets(self) -> tuple[Ticket, ...]:
-        """The admitted calls of the current model call, in order (a host that keeps the
-        guard between requests finds a ticket here again after :meth:`restore`)."""
-        return tuple(self._batch)
 
     def _resume_steps(self, raw: Mapping[str, Any]) -> None:
         """Take back a step in progress from ``checkpoint(steps=True)``."""

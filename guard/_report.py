@@ -186,11 +186,6 @@ class Report:
         return json.dumps(self.to_dict(), ensure_ascii=False, **kwargs)
 
 
-def usage_fields(usage: Usage) -> dict[str, Any]:
-    """A report's counter fields for ``usage`` (one per :data:`DIMENSIONS` entry)."""
-    return dict(usage.to_dict())
-
-
 _COMPLETED_FIELDS = ("tool", "fingerprint", "operation_key", "reused", "revision")
 
 
@@ -228,6 +223,7 @@ class Record:
     ) -> Report:
         """Record the terminal state once; later stops return the first report."""
         if self.report is None:
+            counters: dict[str, Any] = dict(usage.to_dict())  # one field per dimension
             self.report = Report(
                 state=state,
                 reason=reason,
@@ -242,7 +238,7 @@ class Record:
                 batch=batch,
                 detail=detail,
                 pending=pending,
-                **usage_fields(usage),
+                **counters,
             )
         return self.report
 
