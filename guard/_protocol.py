@@ -11,7 +11,7 @@ from ._report import Report
 from ._ticket import Decision, Ticket
 from ._values import Finish, Nudge, Reason, State
 
-__all__ = ["StepGuard"]
+__all__ = ["StepGuard", "require_reservation"]
 
 
 class StepGuard(Protocol):
@@ -60,3 +60,13 @@ class StepGuard(Protocol):
 
     def remaining(self) -> dict[str, int | None]:
         """Budget left per dimension."""
+
+
+def require_reservation(guard: StepGuard, reserve: int) -> None:
+    """Refuse a host that would make paid calls under a spend budget with nothing reserved:
+    money is reserved before it is spent (``ValueError`` naming what to pass)."""
+    if reserve <= 0 and guard.remaining().get("spend") is not None:
+        raise ValueError(
+            "the task has a spend budget: pass reserve=, the most one model call may cost "
+            "(reserved before each call starts)"
+        )

@@ -137,6 +137,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from . import Call, Finish, Kind, Nudge, Reason, Report, Result, State
+from ._protocol import require_reservation
 from .adapters import ToolSpec, calls_from_openai
 from .steps import Action, Decision, StepGuard, Ticket
 
@@ -208,6 +209,7 @@ class LoopGuardMiddleware(AgentMiddleware[GuardState, Any, Any]):
         wait: Callable[[float], None] | None = None,
         count_tokens: bool = True,
     ) -> None:
+        require_reservation(guard, reserve)
         super().__init__()
         self.guard = guard
         self.specs: Mapping[str, ToolSpec] = dict(tools)

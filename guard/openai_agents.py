@@ -106,6 +106,7 @@ from agents.handoffs import Handoff
 from agents.tool_context import ToolContext
 
 from . import Call, Evidence, Finish, Kind, Nudge, Price, Reason, Report, Result, State
+from ._protocol import require_reservation
 from .adapters import OperationKey, Outcome, ToolSpec, Turn, calls_from_openai
 from .adapters import openai_tool_messages as _tool_messages
 from .steps import Action, Effect, StepGuard, Ticket
@@ -170,6 +171,7 @@ class GuardedRun:
         price: Price | None = None,
         passthrough: Iterable[str] = (),
     ) -> None:
+        require_reservation(guard, reserve)
         self.guard = guard
         self.hooks: RunHooks[Any] = _GuardHooks(self)
         self._inspect = inspect

@@ -433,3 +433,25 @@ def test_a_read_that_raises_with_no_retry_middleware_is_recorded_once_the_host_c
     assert (report.state, report.reason) == ("FAILED", "executor_error")
     assert report.executions == 1
     assert middleware.report is report
+
+
+def test_a_spend_budget_without_a_reservation_is_refused_before_anything_runs() -> None:
+    guard = Guard(Limits(spend=100), ledger=InMemoryLedger(), tools=tool_effects(SPECS))
+
+    with pytest.raises(ValueError, match="reserve="):
+        LoopGuardMiddleware(guard, SPECS)
+
+
+def test_a_model_call_whose_reservation_does_not_fit_is_never_sent() -> None:
+    business = Business()
+    model = ScriptedModel(responses=list[BaseMessage](PAGES))
+    limits = Limits(deadline_ms=60_000, model_calls=12, requests=20, executions=10, spend=100)
+    guard = Guard(limits, ledger=InMemoryLedger(), tools=tool_effects(SPECS))
+    middleware = LoopGuardMiddleware(guard, SPECS, reserve=60)
+    agent = create_agent(model, tools=business.tools(), middleware=[middleware])
+
+    state = agent.invoke({"messages": [{"role": "user", "content": "Read the report."}]})
+
+    report = assert_ends_with_the_stop_report(state, "spend_budget")
+    assert model.invoked == 1  # the second call's 60 did not fit in the 40 left
+    assert report["used"]["spend"] == 60

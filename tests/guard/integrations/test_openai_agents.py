@@ -261,3 +261,20 @@ def test_a_guarded_tool_refuses_to_run_outside_a_guarded_run():
         agents.Runner.run_sync(shop_agent(guarded, shop, model), "Refund 42", run_config=QUIET)
 
     assert shop.refunds == []
+
+
+def test_a_spend_budget_without_a_reservation_is_refused_before_anything_runs():
+    with pytest.raises(ValueError, match="reserve="):
+        GuardedRun(Guard(Limits(spend=100)))
+
+
+def test_a_model_call_whose_reservation_does_not_fit_is_never_sent():
+    shop = Shop()
+    guarded = GuardedRun(Guard(Limits(spend=100)), reserve=60)
+    model = ScriptedModel([[call("find_order", 1, "c1")], [call("find_order", 2, "c2")]])
+
+    outcome = guarded.run_sync(shop_agent(guarded, shop, model), "Look around", run_config=QUIET)
+
+    assert (outcome.report.state, outcome.report.reason) == ("PARTIAL", "spend_budget")
+    assert len(model.calls) == 1 and shop.lookups == [1]
+    assert outcome.report.spend == 60
