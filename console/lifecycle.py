@@ -22,6 +22,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -223,11 +224,13 @@ def finish_task(
 
     From ``RUNNING`` it is ``finish`` (``owner``: only while that driver holds the lease),
     from ``QUEUED`` a ``hold`` (``NEEDS_HUMAN``) or a ``cancel``; a task held for a restart
-    loop may be cancelled too.
+    loop may be cancelled too, and one waiting for an approval is closed by its rejection.
     """
     seen = str(task.state)
     if seen == TaskState.RUNNING:
         move = "finish"
+    elif reason == Reason.APPROVAL_REJECTED:
+        move = "close"
     elif state == TaskState.CANCELLED:
         if seen == TaskState.NEEDS_HUMAN and task.reason != RESTART_LOOP:
             raise LostRace(f"task {task.id} has already stopped ({seen})")
@@ -473,44 +476,20 @@ def cancel(task: Task, *, actor: User, note: str) -> None:
     finish_task(task, State.CANCELLED, Reason.OPERATOR_STOP, report.to_dict(), detail=detail)
 
 
-def close(task: Task, *, reason: str, detail: str) -> None:
-    """``close``: a task waiting for a call's approval ends ``PARTIAL`` with ``reason``
-    (``approval_rejected``) because a person rejected the call. A stop report of its own
-    is added to the phase's first one; the phase keeps how it ended."""
-    seen = str(task.state)
-    now = timezone.now()
-    detail = redact_text(detail)
-    _moved(
-        task.id,
-        "close",
-        TaskState.PARTIAL,
-        seen=seen,
-        reason=reason,
-        detail=detail[:2000],
-        finished_at=now,
-        updated_at=now,
-    )
-    report = report_from_task(task, State.PARTIAL, reason, detail).to_dict()
-    StopReport.objects.create(
-        task_id=task.id, phase=task.phase, state=State.PARTIAL, reason=reason, report=report
-    )
-    TraceEvent.objects.create(
-        task_id=task.id,
-        phase=task.phase,
-        seq=_take_seq(task.id, 1),
-        kind=EventKind.STOP,
-        decision="",
-        reason=reason,
-        detail=f"{State.PARTIAL}: {detail}",
-    )
+def close(task: Task, *, detail: str) -> None:
+    """``close``: a task waiting for a call's approval ends ``PARTIAL``/``approval_rejected``
+    because a person rejected the call, with a stop report of its own after the phase's
+    first."""
+    reason = Reason.APPROVAL_REJECTED
+    report = report_from_task(task, State.PARTIAL, reason, detail)
+    finish_task(task, State.PARTIAL, reason, report.to_dict(), detail=detail)
 
 
 def add_summary(task_id: int, phase: int, report: Report, event: Mapping[str, Any]) -> bool:
     """Add the summary turn's text to a task stopped in ``phase``: what it spent, a stop
     report that carries the summary (after the phase's first, which stays) and its trace
     event. Nothing if the task has moved on since; returns whether it was added."""
-    from django.db import transaction  # here: every other move runs in its caller's
-
+    # Its own transaction: unlike the moves, it follows the stop after the model's answer.
     with transaction.atomic():
         task = (
             Task.objects.select_for_update()

@@ -275,11 +275,12 @@ class _Driver:
                 proposal = agent.plan(self.observation)
             except Exception as exc:
                 failure = exc
+            cost = self._cost(reserve)
             try:  # a planner that failed after its model answered still spent the tokens
                 if agent.tokens:
                     guard.spend_tokens(agent.tokens)
-                if reserve or agent.cost is not None:
-                    guard.settle_spend(self._cost(reserve))
+                if cost is not None:
+                    guard.settle_spend(cost)
             except ValueError as exc:
                 failure = failure or exc
             if failure is not None:
@@ -287,8 +288,8 @@ class _Driver:
                 self._save(_model_event(None, started, agent.tokens, guard.revision, detail))
                 return self._finish(guard.planner_failed(failure))
             model_event = _model_event(proposal, started, agent.tokens, guard.revision)
-            if reserve or agent.cost is not None:
-                model_event["cost"] = self._cost(reserve)
+            if cost is not None:
+                model_event["cost"] = cost
             if isinstance(proposal, Finish):
                 report = guard.finish(proposal, agent.inspect)
                 self._save(model_event)
@@ -359,13 +360,16 @@ class _Driver:
         agent = self.agent
         return self.price.cost(agent.prompt_tokens(self.observation), agent.max_output_tokens)
 
-    def _cost(self, reserve: int) -> int:
+    def _cost(self, reserve: int) -> int | None:
         """What the model call really cost: as the agent reports it, or from its token
-        counts at the model's price; the reservation when it says neither."""
+        counts at the model's price; the reservation when it says neither; ``None`` for a
+        call that is neither priced nor reported (nothing to settle)."""
         agent = self.agent
         if agent.cost is not None:
             return agent.cost
-        if self.price is not None and agent.input_tokens is not None:
+        if self.price is None:
+            return None
+        if agent.input_tokens is not None:
             return self.price.cost(agent.input_tokens, agent.output_tokens or 0)
         return reserve
 
@@ -567,17 +571,18 @@ class _Driver:
         except Exception as exc:
             logger.exception("task %s: the summary turn failed", self.task.id)
             reply = f"(the summary turn failed: {type(exc).__name__})"
+        cost = self._cost(reserve)
         try:
-            cost = self._cost(reserve)
             report = guard.record_summary(reply, tokens=agent.tokens, cost=cost)
         except ValueError as exc:  # the agent reported usage that is not a count
-            report = guard.record_summary(f"(the summary turn failed: {exc})", cost=reserve)
+            cost = reserve if self.price is not None else None
+            report = guard.record_summary(f"(the summary turn failed: {exc})", cost=cost)
         event = _event(
             EventKind.MODEL_CALL,
             decision=Decision.FINISHED,
             latency_ms=_ms(time.monotonic() - started),
             tokens=agent.tokens or None,
-            cost=self._cost(reserve) if reserve or agent.cost is not None else None,
+            cost=cost,
             revision=report.revision,
             detail="summary: " + (report.summary or "")[:480],
         )

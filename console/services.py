@@ -540,7 +540,7 @@ def _answer(
             transaction.on_commit(lambda: enqueue(task.id))
         else:
             detail = f"a person rejected the call to {approval.tool}: {reason}"
-            _moving(lifecycle.close, task, reason="approval_rejected", detail=detail)
+            _moving(lifecycle.close, task, detail=detail)
             after |= {"state": TaskState.PARTIAL, "reason": "approval_rejected"}
         action = AuditAction.APPROVE_CALL if approve else AuditAction.REJECT_CALL
         _audit(actor, action, reason, task=task, approval=approval, before=before, after=after)
