@@ -19,9 +19,9 @@ from django.views.decorators.http import require_GET, require_POST
 from . import notifications
 from .forms import REASON_HELP
 from .models import ChannelTransport, NoticeKind
-from .roles import Capability, can, capabilities_of
+from .roles import Capability, can
 from .tasks import deliver_notice
-from .views import _person, requires
+from .views import _can, _person, requires
 
 
 def navigation(request: HttpRequest) -> dict[str, bool]:
@@ -92,7 +92,7 @@ def _page(
         "page": notifications.notifications_page(),
         "form": form or ChannelForm(),
         "made_secret": made_secret,
-        "can": {cap.value: True for cap in capabilities_of(request.user)},
+        "can": _can(request),
     }
     return render(request, "console/notifications.html", context, status=status)
 

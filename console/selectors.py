@@ -486,6 +486,23 @@ def trace(task_id: int, *, after: int | None = None, before: int | None = None) 
     return list(reversed(qs.order_by("-seq")[:TRACE_WINDOW]))
 
 
+SUMMARY_WAIT = timedelta(seconds=30)
+"""How long after a stop a task page keeps asking for the summary turn's text: the turn is
+one model call, and a worker that died during it never adds one."""
+
+
+def summary_pending(task: Task, latest: StopReport | None) -> bool:
+    """Whether a stopped task's summary turn is still to come: its driver said one follows
+    (``summary_due`` in the stop report it stored, ``latest``), none has arrived yet, and
+    the stop was moments ago (a worker that died during the turn leaves none)."""
+    if not task.is_terminal or latest is None or latest.phase != task.phase:
+        return False
+    stored = latest.report or {}
+    if not stored.get("summary_due") or stored.get("summary"):
+        return False
+    return task.finished_at is not None and timezone.now() - task.finished_at <= SUMMARY_WAIT
+
+
 def latest_report(task_id: int) -> StopReport | None:
     """The task's latest stop report (one indexed query), or ``None``."""
     return (

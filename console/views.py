@@ -123,6 +123,11 @@ def _can(request: HttpRequest) -> dict[str, bool]:
     return {cap.value: True for cap in capabilities_of(request.user)}
 
 
+def _form_errors(form: forms.Form) -> str:
+    """A refused form's errors as one sentence for a message: ``field: why; …``."""
+    return "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items())
+
+
 def _done(request: HttpRequest, level: int, text: str, to: str) -> HttpResponse:
     messages.add_message(request, level, text)
     return redirect(to)
@@ -162,7 +167,7 @@ def task_bulk(request: HttpRequest) -> HttpResponse:
     form = BulkForm(request.POST)
     back = reverse("tasks")
     if not form.is_valid():
-        errors = "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items())
+        errors = _form_errors(form)
         return _done(request, messages.ERROR, f"Nothing was changed: {errors}", back)
     data = form.cleaned_data
     query = QueryDict(data["query"])
@@ -220,6 +225,8 @@ def task_live(request: HttpRequest, task_id: int) -> HttpResponse:
     if live is None:
         return HttpResponseStopPolling()
     if live.task.is_terminal:
+        if selectors.summary_pending(live.task, selectors.latest_report(task_id)):
+            return HttpResponse(status=204)  # its summary turn is still to come: wait
         # It has just stopped: load the whole page once, with its stop report, phases and
         # audit trail; that page has no poller, so the polling ends here.
         return HttpResponseClientRefresh()
@@ -326,16 +333,27 @@ def task_new(request: HttpRequest) -> HttpResponse:
 @require_GET
 @requires(Capability.READ)
 def operations(request: HttpRequest) -> HttpResponse:
+    notice = _queue_notice(
+        request, "console/operations.html", "queue-live", selectors.reconciliation_version
+    )
+    return notice or _page(
+        request, "console/operations.html", {"queue": selectors.reconciliation()}
+    )
+
+
+def _queue_notice(
+    request: HttpRequest, template: str, region: str, version: Callable[[], str]
+) -> HttpResponse | None:
+    """The live region of a queue whose rows hold forms someone may be typing into: they
+    are not swapped under them, the region only says that the queue changed (204 while
+    ``version`` stays the one the page has). ``None`` when the request is not its poll."""
     htmx = getattr(request, "htmx", None)
-    if htmx and htmx.target == "queue-live":
-        # The queue's rows hold forms a reconciler may be typing into: they are not
-        # swapped under them. Its live region only says that the queue changed.
-        version = selectors.reconciliation_version()
-        if request.GET.get("v") == version:
-            return HttpResponse(status=204)
-        context = {"version": version, "changed": True}
-        return _page(request, "console/operations.html#queue-live", context)
-    return _page(request, "console/operations.html", {"queue": selectors.reconciliation()})
+    if not (htmx and htmx.target == region):
+        return None
+    now = version()
+    if request.GET.get("v") == now:
+        return HttpResponse(status=204)
+    return _page(request, f"{template}#{region}", {"version": now, "changed": True})
 
 
 @require_POST
@@ -358,7 +376,7 @@ def operation_resolve(request: HttpRequest, key: str) -> HttpResponse:
         return _page(request, "console/operations.html", {"queue": queue})
 
     if not form.is_valid():
-        return refused("; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items()))
+        return refused(_form_errors(form))
     committed = form.cleaned_data["decision"] == "committed"
     try:
         if committed:
@@ -407,16 +425,10 @@ def operation_lookup(request: HttpRequest, key: str) -> HttpResponse:
 @requires(Capability.READ)
 def approvals(request: HttpRequest) -> HttpResponse:
     """The approval queue: every held call in full, and the answers of the last 24 hours."""
-    htmx = getattr(request, "htmx", None)
-    if htmx and htmx.target == "approvals-live":
-        # As on the reconciliation queue: rows hold forms an approver may be typing into,
-        # so the live region only says that the queue changed.
-        version = selectors.approvals_version()
-        if request.GET.get("v") == version:
-            return HttpResponse(status=204)
-        context = {"version": version, "changed": True}
-        return _page(request, "console/approvals.html#approvals-live", context)
-    return _page(request, "console/approvals.html", {"queue": selectors.approvals()})
+    notice = _queue_notice(
+        request, "console/approvals.html", "approvals-live", selectors.approvals_version
+    )
+    return notice or _page(request, "console/approvals.html", {"queue": selectors.approvals()})
 
 
 @require_POST
@@ -439,7 +451,7 @@ def approval_answer(request: HttpRequest, approval_id: int) -> HttpResponse:
         return _page(request, "console/approvals.html", {"queue": queue})
 
     if not form.is_valid():
-        return refused("; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items()))
+        return refused(_form_errors(form))
     reason = form.cleaned_data["reason"]
     try:
         if form.approves:

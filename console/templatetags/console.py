@@ -10,7 +10,7 @@ from django import template
 from django.utils import timezone
 
 from console.models import Task
-from console.selectors import Gauge, ReportBudget, gauges, report_budgets
+from console.selectors import Gauge, ReportBudget, gauges, report_budgets, summary_pending
 from console.spend import money
 from guard.steps import DIMENSIONS
 
@@ -20,9 +20,6 @@ MONEY = frozenset(d.used for d in DIMENSIONS if d.limit == "spend")
 """The budgets counted in the currency's minor unit: they read as money, never as a count."""
 MONEY_LABELS = frozenset(d.label for d in DIMENSIONS if d.used in MONEY)
 """The same, by the names a stop report's budget rows carry (:class:`ReportBudget`)."""
-SUMMARY_WAIT = timedelta(seconds=30)
-"""How long after a stop a task page keeps asking for the summary turn's text: the turn is
-one model call, and a worker that died during it never adds one."""
 
 
 @register.filter
@@ -133,18 +130,10 @@ def call_usage(event: Any) -> str:
 
 @register.filter
 def awaits_summary(detail: Any) -> bool:
-    """Whether a stopped task's page should wait for its summary turn: its driver said one
-    follows (``summary_due`` in the stop report it stored), none has arrived yet, and the
-    stop was moments ago (a worker that died during the turn leaves none)."""
-    task: Task = detail.task
+    """Whether a stopped task's page should wait for its summary turn
+    (:func:`console.selectors.summary_pending`, on the page's latest stop report)."""
     reports = getattr(detail, "reports", None)
-    if not task.is_terminal or not reports:
-        return False
-    latest = reports[0]
-    stored = latest.report or {}
-    if latest.phase != task.phase or not stored.get("summary_due") or stored.get("summary"):
-        return False
-    return task.finished_at is not None and timezone.now() - task.finished_at <= SUMMARY_WAIT
+    return summary_pending(detail.task, reports[0] if reports else None)
 
 
 @register.filter

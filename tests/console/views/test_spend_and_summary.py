@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from console import runner
 from console.demo.agents import BudgetBurner
-from console.models import Task
+from console.models import StopReport, Task
 
 from .support import XSS, XSS_ESCAPED, SignIn, Start, body, finish, running
 
@@ -175,6 +175,29 @@ def test_a_page_opened_between_the_stop_and_its_summary_waits_for_the_summary(
     assert "The agent is writing a summary for the user" in html
     assert f'hx-get="/tasks/{task.id}/live?after=' in html
     assert SUMMARY_POLLER in html
+
+
+def test_the_live_view_waits_quietly_for_a_summary_and_reloads_the_page_once_it_is_there(
+    seeded: None, start: Start, signed_in: SignIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = _stopped_before_its_summary(start, monkeypatch)
+    viewer = signed_in("viewer")
+    live = f"/tasks/{task.id}/live?after=0"
+
+    waiting = viewer.get(live, headers={"HX-Request": "true"})
+    # The summary arrives as the runner adds it: a stop report of its own, carrying it.
+    stored = StopReport.objects.filter(task=task).latest("id").report
+    StopReport.objects.create(
+        task=task,
+        phase=task.phase,
+        state="PARTIAL",
+        reason="model_budget",
+        report={**stored, "summary": "Read 2 of 10 pages."},
+    )
+    done = viewer.get(live, headers={"HX-Request": "true"})
+
+    assert waiting.status_code == 204  # nothing rebuilt while the summary is still to come
+    assert done.status_code == 200 and done.headers.get("HX-Refresh") == "true"
 
 
 def test_a_page_stops_waiting_for_a_summary_that_never_came(
