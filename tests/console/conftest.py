@@ -9,8 +9,10 @@ import pytest
 from django.contrib.auth.models import User
 
 from console.demo.desk import seed_demo_data
-from console.models import Task
+from console.models import Approval, Task
 from console.services import task_start
+
+from .held import hold_refund
 
 
 @pytest.fixture
@@ -33,3 +35,9 @@ def start(db: None) -> Callable[..., Task]:
         )
 
     return _start
+
+
+@pytest.fixture
+def held(seeded: None, start: Callable[..., Task]) -> Approval:
+    """A refund over the limit, held for approval as the runner holds it."""
+    return hold_refund(start)

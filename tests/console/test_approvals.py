@@ -20,11 +20,11 @@ from console.models import (
     TaskState,
     TraceEvent,
 )
+from tests.console.held import REFUND, hold_refund
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Start = Callable[..., Task]
-LARGE = {"order": 42, "amount_cents": 1500, "reason": "damaged", "approve_above_cents": 1000}
 
 
 @pytest.fixture
@@ -33,10 +33,8 @@ def approver(django_user_model: type[User]) -> User:
 
 
 def _held(start: Start) -> tuple[Task, Approval]:
-    task = start("support_desk", LARGE)
-    assert runner.drive(task.id) == "NEEDS_HUMAN/approval_required"
-    task.refresh_from_db()
-    return task, Approval.objects.get(task=task)
+    approval = hold_refund(start)
+    return approval.task, approval
 
 
 def test_a_refund_over_the_limit_stops_for_approval_before_it_is_claimed(
@@ -185,7 +183,7 @@ def test_a_stop_pressed_while_the_model_thinks_wins_over_a_held_write(
         return proposal
 
     monkeypatch.setattr(SupportDesk, "plan", stopped_meanwhile)
-    task = start("support_desk", LARGE)
+    task = start("support_desk", REFUND)
 
     outcome = runner.drive(task.id)
 

@@ -336,8 +336,9 @@ def test_a_refund_over_the_limit_waits_for_approval_then_runs_once_on_a_worker(
     seed_demo_data()
     approver = django_user_model.objects.create_user("ada")
     assign(approver, [Role.APPROVER])
-    input = {"order": 42, "amount_cents": 1500, "reason": "damaged", "approve_above_cents": 1000}
-    task = start_on(worker, "support_desk", input)
+    from tests.console.held import REFUND
+
+    task = start_on(worker, "support_desk", REFUND)
     held = wait_for(lambda: finished(task), timeout=20, what="the stop for approval")
     assert (held.state, held.reason) == (TaskState.NEEDS_HUMAN, "approval_required")
     assert Refund.objects.count() == 0

@@ -19,6 +19,7 @@ from console.demo.models import Refund
 from console.models import Approval, Task, TaskState
 from console.roles import Role
 from console.services import task_start
+from tests.console.held import REFUND
 from tests.workers import Worker, wait_for
 
 from .conftest import CHROMIUM, PASSWORD, Console
@@ -34,7 +35,6 @@ pytestmark = [
 ]
 
 PHONE = {"width": 390, "height": 844}
-REFUND = {"order": 42, "amount_cents": 1500, "reason": "damaged", "approve_above_cents": 1000}
 FOCUSED = "() => { const el = document.activeElement; return [el.tagName, el.id, el.textContent.trim().slice(0, 40), el.name || '', el.value || '']; }"  # noqa: E501
 
 

@@ -26,6 +26,7 @@ from console.demo.desk import seed_demo_data
 from console.models import Approval, Operation, OperationState, TaskState
 from console.roles import Role, assign
 from console.services import task_start
+from tests.console.held import REFUND
 
 from .conftest import CHROMIUM, PASSWORD, Console
 
@@ -149,7 +150,7 @@ def objects(everyone: User) -> dict[str, Any]:
     seed_demo_data()
     refund = task_start(
         agent="support_desk",
-        input={"order": 42, "amount_cents": 1500, "reason": "damaged", "approve_above_cents": 1000},
+        input=REFUND,
         enqueue=lambda task_id: None,
         actor=everyone,
     )

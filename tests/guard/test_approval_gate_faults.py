@@ -35,7 +35,8 @@ def test_a_write_needing_approval_is_held_when_the_ledger_cannot_be_read() -> No
 
 
 def test_a_write_whose_entry_is_uncertain_still_waits_for_a_person() -> None:
-    # A reconciler may settle it NOT_COMMITTED before the claim: it must not run unasked then.
+    # Not sent to the claim on the ledger's word: a reconciler may yet settle it
+    # NOT_COMMITTED, and the claim would then run it unasked.
     ledger = InMemoryLedger()
     call = notice()
     fp = fingerprint(call.tool, call.args)
@@ -64,3 +65,4 @@ def test_an_approved_call_runs_even_when_the_policy_now_raises() -> None:
 
     assert len(notices.sent) == 1
     assert report.reason is not Reason.APPROVAL_REQUIRED
+    assert (report.state, report.reason) == (State.COMPLETED, Reason.GOAL_MET)

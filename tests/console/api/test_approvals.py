@@ -17,14 +17,8 @@ from .helpers import Caller, error
 pytestmark = pytest.mark.django_db
 
 Start = Callable[..., Task]
-REFUND = {"order": 42, "amount_cents": 1500, "reason": "damaged", "approve_above_cents": 1000}
 
 
-@pytest.fixture
-def held(seeded: None, start: Start) -> Approval:
-    task = start("support_desk", REFUND)
-    assert runner.drive(task.id) == "NEEDS_HUMAN/approval_required"
-    return Approval.objects.get(task=task)
 
 
 def test_the_pending_calls_are_listed_in_full(

@@ -22,19 +22,12 @@ from console.models import (
     TraceEvent,
 )
 
-from .support import XSS, XSS_ESCAPED, SignIn, Start, body, csrf_token, may_not
+from .support import XSS, XSS_ESCAPED, SignIn, body, csrf_token, may_not
 
 pytestmark = pytest.mark.django_db
 
-REFUND = {"order": 42, "amount_cents": 1500, "reason": "damaged", "approve_above_cents": 1000}
 
 
-@pytest.fixture
-def held(seeded: None, start: Start) -> Approval:
-    """A refund over the limit, held for approval as the runner holds it."""
-    task = start("support_desk", REFUND)
-    assert runner.drive(task.id) == "NEEDS_HUMAN/approval_required"
-    return Approval.objects.select_related("task").get(task=task)
 
 
 def _answer(decision: str, reason: str = "checked the order", **extra: str) -> dict[str, str]:
