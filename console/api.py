@@ -13,6 +13,8 @@
 | ``GET /api/approvals/<id>`` | read | one held call and its answer |
 | ``POST /api/approvals/<id>/approve`` | approve | run exactly that call in a new phase |
 | ``POST /api/approvals/<id>/reject`` | approve | refuse it: the model is told, or the task ends |
+| ``POST /api/attached`` | drive | create an attached task, driven by the caller (201) |
+| ``POST /api/attached/<id>/steps`` | drive | one step of it (docs/protocol.md) |
 | ``GET /api/openapi.json`` | read | this API's OpenAPI 3.1 description (token or session) |
 
 Operation keys may contain slashes, hence the ``path`` converter. A new endpoint is a view
@@ -37,6 +39,8 @@ urlpatterns = [
     path("approvals/<int:approval_id>", views.approval, name="approval"),
     path("approvals/<int:approval_id>/approve", views.approval_approve, name="approval-approve"),
     path("approvals/<int:approval_id>/reject", views.approval_reject, name="approval-reject"),
+    path("attached", views.attach, name="attached"),
+    path("attached/<int:task_id>/steps", views.attached_steps, name="attached-steps"),
     path("openapi.json", views.openapi_document, name="openapi"),
     # Last: anything else under /api/ is a JSON 404 rather than the console's HTML one.
     re_path(r"", views.not_found),

@@ -30,7 +30,7 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 
-from . import openapi, selectors, services
+from . import attached, openapi, selectors, services
 from . import serializers as s
 from .inputs import InputRefused, key_problem, load_json
 from .models import ApiToken, ApprovalState
@@ -84,6 +84,10 @@ SERVICE_ERRORS: dict[type[services.ServiceError], ErrorCode] = {
 
 
 def _service_code(exc: services.ServiceError) -> ErrorCode:
+    if isinstance(exc, attached.ProtocolRefused):
+        return ErrorCode(exc.code)
+    if isinstance(exc, s.ProtocolVersion):
+        return ErrorCode.UNSUPPORTED_PROTOCOL
     for kind, code in SERVICE_ERRORS.items():
         if isinstance(exc, kind):
             return code
@@ -382,6 +386,39 @@ def _answered(approval_id: int) -> HttpResponse:
     return _answer(s.APPROVAL_ANSWER, found)
 
 
+def _attach(call: ApiCall) -> HttpResponse:
+    fields = s.ATTACH_TASK.read(call.body)
+    answer, created = attached.attached_start(
+        actor=call.user,
+        request_id=fields["request_id"],
+        lease=fields["lease"],
+        agent=fields["agent"].strip(),
+        client=fields["client"].strip(),
+        tools=fields["tools"] or {},
+        input=fields["input"],
+        limits=fields["limits"],
+        reason=fields["reason"].strip() or f"attached through the API with {call.credential}",
+        fingerprint=attached.body_hash(call.body),
+    )
+    response = _answer(s.ATTACHED, answer, status=201 if created else 200)
+    response["Location"] = reverse("api:attached-steps", args=[answer["task"]])
+    return response
+
+
+def _step(call: ApiCall, task_id: int) -> HttpResponse:
+    fields = s.STEP.read(call.body)
+    step = fields.pop("step")
+    answer = attached.attached_step(
+        task_id=task_id,
+        request_id=fields.pop("request_id"),
+        lease=fields.pop("lease"),
+        step=step,
+        fields={name: value for name, value in fields.items() if value is not None},
+        fingerprint=attached.body_hash(call.body),
+    )
+    return _answer(s.STEP_ANSWER, answer)
+
+
 def _openapi_document(call: ApiCall) -> HttpResponse:
     return JsonResponse(openapi.document())
 
@@ -399,6 +436,8 @@ approval = endpoint(get=Action(Capability.READ, _approval_detail))
 # Approving a held call is approving that task's resumption: the approver's permission.
 approval_approve = endpoint(post=Action(Capability.APPROVE, _approval_approve))
 approval_reject = endpoint(post=Action(Capability.APPROVE, _approval_reject))
+attach = endpoint(post=Action(Capability.DRIVE, _attach))
+attached_steps = endpoint(post=Action(Capability.DRIVE, _step))
 openapi_document = endpoint(get=Action(Capability.READ, _openapi_document), session_may_read=True)
 
 

@@ -87,6 +87,12 @@ class Task(models.Model):
     """One user goal given to one agent, with its budgets, spent counters and lease."""
 
     agent = models.CharField(max_length=100)
+    client = models.CharField(max_length=200, blank=True)
+    """What drives an attached task over the step protocol (``console.attached``); blank
+    for a hosted task, which the console's workers drive."""
+    tools = models.JSONField(default=dict, blank=True)
+    """An attached task's declared tools, name → ``"read"``/``"write"`` (a hosted agent's
+    come from its class)."""
     input = models.JSONField(default=dict, blank=True)
     input_fingerprint = models.CharField(max_length=64)
     state = models.CharField(max_length=20, choices=TaskState, default=TaskState.QUEUED)
@@ -171,6 +177,11 @@ class Task(models.Model):
 
     def __str__(self) -> str:
         return f"task {self.pk} ({self.agent}, {self.state})"
+
+    @property
+    def is_attached(self) -> bool:
+        """Its own client drives it over the step protocol, not the console's workers."""
+        return bool(self.client)
 
     @property
     def is_terminal(self) -> bool:
@@ -362,6 +373,28 @@ class StopReport(models.Model):
 
     def __str__(self) -> str:
         return f"task {self.task_id} phase {self.phase}: {self.state}/{self.reason}"
+
+
+class StepRequest(models.Model):
+    """One answered request of an attached task's step protocol, kept so that a retried
+    request (the same ``request_id``) gets the same answer and never a second claim: it is
+    written in the transaction of the step it answers."""
+
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="+")
+    request_id = models.CharField(max_length=100)
+    step = models.CharField(max_length=20)
+    body_hash = models.CharField(max_length=64)
+    """The SHA-256 of the request's canonical body: the same id with another body is refused."""
+    answer = models.JSONField()
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "request_id"], name="step_request_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"task {self.task_id} request {self.request_id} ({self.step})"
 
 
 class ApprovalState(models.TextChoices):

@@ -84,7 +84,7 @@ class Entry:
 
 
 HEADERS: Mapping[str, str] = {
-    "Location": "the new task's URL in this API",
+    "Location": "the new task's URL in this API (an attached one's: where its steps go)",
     "WWW-Authenticate": 'the bearer challenge, with error="<code>" when a token was sent',
     "Allow": "the methods this path answers",
 }
@@ -221,6 +221,35 @@ ENTRIES: Mapping[tuple[str, str], Entry] = {
         errors=ANY_ACTION,
         body=s.REJECT_CALL,
     ),
+    ("attached", "POST"): Entry(
+        "attachTask", "attached", "Create an attached task",
+        "A task driven by the caller's own loop over the step protocol (docs/protocol.md): "
+        "the same limits, trace, ledger, Stop, reconciliation and audit as a hosted task. "
+        "A retried start (the same request_id and body) answers 200 with the same task.",
+        (
+            Answer(
+                201, "created, driven by the request's lease", s.ATTACHED, headers=("Location",)
+            ),
+            Answer(200, "a retried start: the task it created", s.ATTACHED, headers=("Location",)),
+        ),
+        errors=(ErrorCode.UNSUPPORTED_PROTOCOL, ErrorCode.REQUEST_ID_REUSED),
+        body=s.ATTACH_TASK,
+    ),
+    ("attached-steps", "POST"): Entry(
+        "attachedStep", "attached", "One step of an attached task",
+        "Before a model call (model), before its calls (tools), at a call's entry (call), "
+        "after it (result), before waiting (wait), at the end (finish, failed, halt), or "
+        "to renew the lease (heartbeat). A retried request (the same request_id and body) "
+        "gets the same answer and never claims twice; a stopped task answers every step "
+        "with its stop report.",
+        (Answer(200, "what the guard decided", s.STEP_ANSWER),),
+        errors=(
+            ErrorCode.NOT_FOUND, ErrorCode.UNSUPPORTED_PROTOCOL, ErrorCode.NOT_ATTACHED,
+            ErrorCode.LEASE_HELD, ErrorCode.REQUEST_ID_REUSED, ErrorCode.STEP_OUT_OF_ORDER,
+            ErrorCode.UNKNOWN_CALL, ErrorCode.CALL_NOT_ALLOWED, ErrorCode.RESULT_GIVEN,
+        ),
+        body=s.STEP,
+    ),
     ("openapi", "GET"): Entry(
         "describeApi", "description", "This document",
         "The API's OpenAPI 3.1 description. It holds no data, so a signed-in console "
@@ -282,6 +311,10 @@ def document() -> dict[str, Any]:
         },
         "tags": [
             {"name": "tasks", "description": "start, read, stop and resume tasks"},
+            {
+                "name": "attached",
+                "description": "agents that run their own loop ask the guard step by step",
+            },
             {"name": "operations", "description": "reconcile uncertain writes"},
             {"name": "approvals", "description": "answer calls held for a person's approval"},
             {"name": "description", "description": "this document"},

@@ -16,6 +16,8 @@ class Role(StrEnum):
     OPERATOR = "operator"
     RECONCILER = "reconciler"
     APPROVER = "approver"
+    AGENT = "agent"
+    """An attached agent's process: it drives its own tasks over the step protocol."""
     ADMIN = "admin"
 
 
@@ -29,6 +31,8 @@ class Capability(StrEnum):
     APPROVE = "approve"
     NOTIFY = "notify"
     """Manage where notices go: a channel's URL receives what the console knows (admins)."""
+    DRIVE = "drive"
+    """Create attached tasks and drive them step by step (docs/protocol.md)."""
 
 
 GRANTS: dict[Role, frozenset[Capability]] = {
@@ -36,6 +40,7 @@ GRANTS: dict[Role, frozenset[Capability]] = {
     Role.OPERATOR: frozenset({Capability.READ, Capability.START, Capability.STOP}),
     Role.RECONCILER: frozenset({Capability.READ, Capability.RECONCILE}),
     Role.APPROVER: frozenset({Capability.READ, Capability.APPROVE}),
+    Role.AGENT: frozenset({Capability.READ, Capability.DRIVE}),
     Role.ADMIN: frozenset(Capability),
 }
 

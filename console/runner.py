@@ -40,14 +40,14 @@ from django.utils import timezone
 from guard import Approval, Call, Finish, Guard, Nudge, Reason, Report, Result, State
 from guard.steps import Action, Effect, LedgerError, Ticket, fingerprint, transient_error
 
-from . import lifecycle
+from . import lifecycle, trace
 from .agents import Agent, Tool, agent_class
 from .ledger import DatabaseLedger
 from .lifecycle import limits_of, recover, usage_of
 from .logs import task_context
 from .models import Approval as ApprovalRow
 from .models import ApprovalState, Decision, EventKind, Task, TaskState
-from .redaction import preview, redact_text
+from .redaction import preview
 from .spend import money, price_of
 from .store import LeaseLost, Record, Saved, Step, StepStore, open_store
 
@@ -72,7 +72,9 @@ def sweep(enqueue: Callable[[int], None]) -> dict[str, int]:
     """Recover tasks whose driver's lease ran out; re-enqueue queued tasks nobody took.
 
     Run periodically (Celery beat). Safe to run on several machines at once: each task is
-    handled under its row lock, skipping rows another sweep or driver holds.
+    handled under its row lock, skipping rows another sweep or driver holds. An attached
+    task whose client's lease ran out is recovered the same way (its ``IN_FLIGHT`` writes
+    become ``UNKNOWN``), but never enqueued: it waits for its client.
     """
     now = timezone.now()
     counts = {"recovered": 0, "resumed": 0, "requeued": 0}
@@ -87,14 +89,17 @@ def sweep(enqueue: Callable[[int], None]) -> dict[str, int]:
             if task is None:
                 continue
             counts["recovered"] += 1
-            if recover(task, why="lease expired"):
+            why = "the client's lease expired" if task.is_attached else "lease expired"
+            if recover(task, why=why):
                 lifecycle.requeue(task)
+                if task.is_attached:
+                    continue  # it waits for its client, which takes it again by its next step
                 transaction.on_commit(partial(enqueue, task.id))
                 counts["resumed"] += 1
     # A queued task whose message was lost (a broker restart) is enqueued again; a
     # duplicate message is harmless, the lease lets only one driver in.
     stale = now - timedelta(seconds=settings.LOOPGUARD_REQUEUE_AFTER_SECONDS)
-    queued = Task.objects.filter(state=TaskState.QUEUED, updated_at__lt=stale)
+    queued = Task.objects.filter(state=TaskState.QUEUED, updated_at__lt=stale, client="")
     for task_id in queued.values_list("id", flat=True)[:500]:
         Task.objects.filter(id=task_id, state=TaskState.QUEUED).update(updated_at=now)
         enqueue(task_id)
@@ -115,6 +120,10 @@ def drive(task_id: int, *, owner: str | None = None) -> str:
 
 
 def _drive(task_id: int, owner: str) -> str:
+    if Task.objects.filter(id=task_id).exclude(client="").exists():
+        # An attached task's own client drives it (console.attached); a worker never does.
+        logger.warning("task %s is attached: its client drives it, not a worker", task_id)
+        return "attached: its client drives it"
     store = open_store(task_id, owner)
     acquired = store.take_lease(lease_seconds())
     if isinstance(acquired, str):
@@ -244,7 +253,7 @@ class _Driver:
         reserved = False  # the next model call is already counted in the row
         if self.fresh and (rejected := guard.rejection()) is not None:
             self.observation = rejected  # a person said no: the model hears it first
-            told = _event(
+            told = trace.event(
                 EventKind.NOTE, tool=rejected.tool, detail=f"told the model: {rejected.message}"
             )
             self.pending.append(told)  # saved with the first step
@@ -285,9 +294,11 @@ class _Driver:
                 failure = failure or exc
             if failure is not None:
                 detail = f"planner: {failure!r}"
-                self._save(_model_event(None, started, agent.tokens, guard.revision, detail))
+                latency = _since(started)
+                self._save(trace.model_event(None, latency, agent.tokens, guard.revision, detail))
                 return self._finish(guard.planner_failed(failure))
-            model_event = _model_event(proposal, started, agent.tokens, guard.revision)
+            latency = _since(started)
+            model_event = trace.model_event(proposal, latency, agent.tokens, guard.revision)
             if cost is not None:
                 model_event["cost"] = cost
             if isinstance(proposal, Finish):
@@ -297,11 +308,12 @@ class _Driver:
             admitted = guard.before_tools(proposal)
             if isinstance(admitted, Report):
                 self.observation = None  # none of its calls ran
-                self._save(model_event, _blocked_event(admitted))
+                self._save(model_event, trace.blocked_event(admitted))
                 return self._finish(admitted)
             if isinstance(admitted, Nudge):
                 self.observation = admitted
-                self._save(model_event, _nudge_event(admitted, guard.revision), checkpoint=True)
+                nudged = trace.nudge_event(admitted, guard.revision)
+                self._save(model_event, nudged, checkpoint=True)
                 continue
             self._hand_over(model_event, proposal, admitted, started)
             stopped = self._run(admitted, batch=not isinstance(proposal, Call))
@@ -324,7 +336,7 @@ class _Driver:
         if isinstance(pause, Report):
             return pause
         if pause:
-            waiting = _event(EventKind.WAIT, detail=f"waiting {pause:.0f} ms")
+            waiting = trace.event(EventKind.WAIT, detail=f"waiting {pause:.0f} ms")
             self._save(waiting, ahead=_NEXT_CALL)
             self.stop.wait(pause)
         return None
@@ -339,7 +351,7 @@ class _Driver:
             return None
         self.approving = True
         call = admitted[0].call
-        note = _event(
+        note = trace.event(
             EventKind.NOTE,
             decision=Decision.PLANNED,
             tool=call.tool,
@@ -577,10 +589,10 @@ class _Driver:
         except ValueError as exc:  # the agent reported usage that is not a count
             cost = reserve if self.price is not None else None
             report = guard.record_summary(f"(the summary turn failed: {exc})", cost=cost)
-        event = _event(
+        event = trace.event(
             EventKind.MODEL_CALL,
             decision=Decision.FINISHED,
-            latency_ms=_ms(time.monotonic() - started),
+            latency_ms=_since(started),
             tokens=agent.tokens or None,
             cost=cost,
             revision=report.revision,
@@ -590,7 +602,7 @@ class _Driver:
 
     def _request(self, ticket: Ticket, decision: str, latency: float | None, **why: str) -> Any:
         """The trace event of ``ticket``'s request, as it stands now."""
-        return _request_event(
+        return trace.request_event(
             ticket,
             decision,
             latency,
@@ -778,92 +790,9 @@ def _checkpoint_of(phase: int, guard: Guard, agent: Agent, observation: Any) -> 
     }
 
 
-# -- trace events (redacted, timed, numbered by the store) -------------------------------------
-
-
-def _event(kind: str, **fields: Any) -> dict[str, Any]:
-    detail = fields.get("detail")
-    if detail:
-        fields["detail"] = redact_text(detail)  # error messages may quote credentials
-    return {"kind": kind, "at": timezone.now(), **fields}
-
-
-def _model_event(
-    proposal: Any, started: float, tokens: int, revision: int, detail: str = ""
-) -> dict[str, Any]:
-    if isinstance(proposal, Finish):
-        decision, summary = Decision.FINISHED, "finish: " + preview(proposal.answer, 500)
-    elif proposal is None:
-        decision, summary = Decision.BLOCKED, detail
-    else:
-        calls = proposal if isinstance(proposal, list | tuple) else [proposal]
-        names = ", ".join(str(getattr(c, "tool", "?")) for c in calls)
-        decision, summary = Decision.PLANNED, f"{len(calls)} call(s): {names}"[:500]
-    return _event(
-        EventKind.MODEL_CALL,
-        decision=decision,
-        latency_ms=_ms(time.monotonic() - started),
-        tokens=tokens or None,
-        revision=revision,
-        detail=summary,
-    )
-
-
-def _request_event(
-    ticket: Ticket,
-    decision: str,
-    latency: float | None,
-    *,
-    args_preview: str,
-    revision: int,
-    reason: str = "",
-    detail: str = "",
-) -> dict[str, Any]:
-    call, result = ticket.call, ticket.result
-    return _event(
-        EventKind.REQUEST,
-        decision=decision,
-        reason=reason,
-        tool=call.tool,
-        fingerprint=ticket.fingerprint,
-        args_preview=args_preview,
-        result_kind="" if result is None else str(result.kind),
-        result_preview="" if result is None else preview(result.data),
-        revision=revision,
-        operation_key=call.operation_key or "",
-        latency_ms=None if latency is None else _ms(latency),
-        detail=detail,
-    )
-
-
-def _blocked_event(report: Report) -> dict[str, Any]:
-    about = report.call or {}
-    return _event(
-        EventKind.REQUEST,
-        decision=Decision.BLOCKED,
-        reason=report.reason,
-        tool=str(about.get("tool") or "")[:200],
-        fingerprint=str(about.get("fingerprint") or ""),
-        operation_key=str(about.get("operation_key") or "")[:200],
-        revision=report.revision,
-        detail=report.detail[:2000],
-    )
-
-
-def _nudge_event(nudge: Nudge, revision: int) -> dict[str, Any]:
-    return _event(
-        EventKind.REQUEST,
-        decision=Decision.NUDGED,
-        reason=nudge.reason,
-        tool=nudge.tool,
-        fingerprint=nudge.fingerprint,
-        revision=revision,
-        detail=nudge.message,
-    )
-
-
-def _ms(seconds: float) -> int:
-    return max(0, round(seconds * 1000))
+def _since(started: float) -> int:
+    """Whole milliseconds since ``started`` (``time.monotonic()``)."""
+    return trace.ms(time.monotonic() - started)
 
 
 def _monotonic_ms() -> float:

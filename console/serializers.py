@@ -301,6 +301,15 @@ class ErrorCode(StrEnum):
     REFUSED = "refused"
     BODY_TOO_LARGE = "body_too_large"
     INTERNAL_ERROR = "internal_error"
+    # The step protocol's own (docs/protocol.md).
+    UNSUPPORTED_PROTOCOL = "unsupported_protocol"
+    NOT_ATTACHED = "not_attached"
+    LEASE_HELD = "lease_held"
+    REQUEST_ID_REUSED = "request_id_reused"
+    STEP_OUT_OF_ORDER = "step_out_of_order"
+    UNKNOWN_CALL = "unknown_call"
+    CALL_NOT_ALLOWED = "call_not_allowed"
+    RESULT_GIVEN = "result_given"
 
     @property
     def status(self) -> int:
@@ -340,6 +349,21 @@ _ERRORS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.REFUSED: (409, "the action is not allowed now; the message says why"),
     ErrorCode.BODY_TOO_LARGE: (413, "the body is larger than 1 MiB"),
     ErrorCode.INTERNAL_ERROR: (500, "the console failed; the details are in its log"),
+    ErrorCode.UNSUPPORTED_PROTOCOL: (
+        400, "protocol is missing or not a version this console speaks",
+    ),
+    ErrorCode.NOT_ATTACHED: (409, "the task is hosted: the console's workers drive it"),
+    ErrorCode.LEASE_HELD: (409, "another client's lease drives the task"),
+    ErrorCode.REQUEST_ID_REUSED: (
+        409, "this request_id was used for another request (another body) of the task",
+    ),
+    ErrorCode.STEP_OUT_OF_ORDER: (
+        409, "the step does not fit where the task is (tools without a model step, a model "
+        "step while a call's result is unreported, a call decided already)",
+    ),
+    ErrorCode.UNKNOWN_CALL: (409, "no call of the current model call has this ticket"),
+    ErrorCode.CALL_NOT_ALLOWED: (409, "a result for a call the guard never let run"),
+    ErrorCode.RESULT_GIVEN: (409, "a second result for one call"),
 }
 
 ERROR = Shape("Error", "Every failure: a message for people and a code for programs.", (
@@ -367,6 +391,12 @@ TASK = Shape("Task", "A task as the list and the actions show it.", (
     attr("id", INTEGER, "the task's id"),
     Field("url", STRING, "where the API shows it", lambda t: reverse("api:task", args=[t.id])),
     attr("agent", STRING, "the agent that runs it"),
+    Field(
+        "client", nullable(STRING),
+        "what drives it when it is attached (its own process, over the step protocol); "
+        "null for a task the console's workers run",
+        lambda t: t.client or None,
+    ),
     attr("state", TASK_STATE, "where it is: queued, running, or how it ended"),
     attr("reason", STOP_REASON, "why it stopped (empty while it has not)"),
     attr("detail", STRING, "more about the stop, for people"),
@@ -619,4 +649,117 @@ RESOLVE_OPERATION = Body("ResolveOperation", "What the business system shows.", 
         "override", "with committed: false, why the person knows better than the tool's "
         "lookup when it finds the action (without one, that is refused: 409 refused)",
     ),
+))
+
+
+# -- the step protocol of attached tasks (docs/protocol.md) -------------------------------------
+
+
+def _member(name: str, schema: Schema, description: str, *, required: bool = False) -> Field:
+    """A field of an answer built as a mapping (the step protocol's answers)."""
+    return Field(name, schema, description, lambda answer: answer.get(name), required)
+
+
+def _printable_id(name: str, description: str) -> Field:
+    """1 to 100 (a lease: 200) printable ASCII characters, required."""
+    longest = 200 if name == "lease" else 100
+
+    def read(value: Any) -> str:
+        if (
+            not isinstance(value, str)
+            or not 0 < len(value) <= longest
+            or not (value.isascii() and value.isprintable())
+        ):
+            raise InvalidInput(f"{name} must be 1 to {longest} printable ASCII characters")
+        return value
+
+    schema = {"type": "string", "minLength": 1, "maxLength": longest}
+    return Field(name, schema, description, read)
+
+
+def _protocol_version(value: Any) -> int:
+    if value != 1 or isinstance(value, bool):
+        raise ProtocolVersion(
+            "protocol must be 1: this console speaks version 1 of the step protocol"
+        )
+    return 1
+
+
+class ProtocolVersion(InvalidInput):
+    """The request speaks a version of the step protocol this console does not."""
+
+
+_PROTOCOL = Field(
+    "protocol", {"type": "integer", "const": 1}, "the protocol's version: 1", _protocol_version
+)
+_REQUEST_ID = _printable_id(
+    "request_id",
+    "unique per request of the task; a retry sends the same one and gets the same answer",
+)
+_LEASE = _printable_id("lease", "who drives the task: one value per client process")
+
+ATTACH_TASK = Body("AttachTask", "An attached task to create, driven by the caller.", (
+    _PROTOCOL, _REQUEST_ID, _LEASE,
+    text_input("agent", "what the agent is called on the console's pages", required=True),
+    text_input("client", "what drives it, shown with the task (e.g. langchain/1.2)", required=True),
+    object_input("tools", 'every tool the agent may call: name -> "read" or "write"'),
+    object_input(
+        "input", f"the task's goal, stored redacted; at most {KEPT_DEPTH} levels deep", kept=True
+    ),
+    object_input("limits", "budgets to use instead of the defaults (guard.Limits' fields)"),
+    text_input("reason", "why, for the audit log (optional)"),
+))
+
+STEP = Body("Step", "One step of an attached task (docs/protocol.md: each step's fields).", (
+    _PROTOCOL, _REQUEST_ID, _LEASE,
+    text_input(
+        "step", "model, tools, call, result, wait, finish, failed, halt or heartbeat", required=True
+    ),
+    object_input("usage", "what the model call since the last step spent: {tokens, cost}"),
+    any_input("reserve", "model: the call's maximum cost, reserved before it starts"),
+    any_input("calls", "tools: the model call's calls, [{tool, args, effect?, operation_key?}]"),
+    any_input("ticket", "call, result: the number of an admitted call"),
+    any_input("result", "result: what the tool returned, {kind, data?, wait_ms?, attempts?}"),
+    any_input("error", "result: what the tool raised instead, {type, message, transient}"),
+    any_input(
+        "evidence", "result, finish: the client's inspector's word, {revision, done, committed}"
+    ),
+    any_input("answer", "finish: the model's answer"),
+    any_input("state", "halt: the terminal state"),
+    any_input("reason", "halt: the reason, in the guard's words"),
+    any_input("detail", "halt: more about it; failed: use error"),
+))
+
+_REMAINING = {"type": "object", "additionalProperties": nullable(INTEGER)}
+_STEP_COMMON = (
+    _member("protocol", {"type": "integer", "const": 1}, "the protocol's version", required=True),
+    _member("task", INTEGER, "the task's id", required=True),
+    _member("phase", COUNT, "its current phase", required=True),
+    _member("state", TASK_STATE, "where it is now", required=True),
+    _member("remaining", _REMAINING, "budget left per dimension (null: no limit)", required=True),
+    _member(
+        "stop", nullable(OBJECT),
+        "the full stop report once the task has stopped (the same on every later step)",
+        required=True,
+    ),
+)
+
+ATTACHED = Shape("AttachedTask", "An attached task as its start left it.", (
+    *_STEP_COMMON,
+    _member("lease_seconds", {"type": "number"}, "how long each step's lease lasts", required=True),
+    _member("url", STRING, "the task's page on the console", required=True),
+))
+
+STEP_ANSWER = Shape("StepAnswer", "What one step decided (docs/protocol.md).", (
+    *_STEP_COMMON,
+    _member("request_id", STRING, "the request this answers", required=True),
+    _member("allowed", BOOLEAN, "model: the call may start"),
+    _member(
+        "admitted", {"type": "array", "items": OBJECT}, "tools: the tickets of the admitted calls"
+    ),
+    _member("nudge", OBJECT, "tools: nothing runs; show this message to the model"),
+    _member("action", one_of(["execute", "reuse"]), "call: run the tool once, or reuse result"),
+    _member("result", nullable(OBJECT), "call with reuse: the stored result"),
+    _member("wait_ms", {"type": "number"}, "wait: milliseconds to wait before the next model call"),
+    _member("stop_requested", BOOLEAN, "heartbeat: an operator asked the task to stop"),
 ))

@@ -120,6 +120,31 @@ def parse_limits(
     return merged
 
 
+MAX_TOOLS = 200
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+def attached_tools(tools: Mapping[str, str] | None) -> dict[str, str]:
+    """An attached client's tool declarations (name → ``"read"``/``"write"``), checked."""
+    if not isinstance(tools, Mapping) or not tools:
+        raise InvalidInput('tools must name every tool the agent may call: {"name": "read"}')
+    if len(tools) > MAX_TOOLS:
+        raise InvalidInput(f"tools names more than {MAX_TOOLS} tools")
+    for name, effect in tools.items():
+        if not isinstance(name, str) or not 0 < len(name) <= 200 or not name.isprintable():
+            raise InvalidInput("a tool's name is 1 to 200 printable characters")
+        if effect not in ("read", "write"):
+            raise InvalidInput(f'tools.{name} must be "read" or "write"')
+    return dict(tools)
+
+
+def agent_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name an attached agent, or ``None``."""
+    if not 0 < len(name) <= 100 or not set(name) <= _NAME_CHARS:
+        return "agent must be 1 to 100 letters, digits, dots, underscores or hyphens"
+    return None
+
+
 def task_start(
     *,
     agent: str,
@@ -128,19 +153,29 @@ def task_start(
     actor: User | AnonymousUser | None = None,
     reason: str = "",
     enqueue: Enqueue = _enqueue,
+    client: str = "",
+    tools: Mapping[str, str] | None = None,
 ) -> Task:
     """Create a task and enqueue its first phase, unless the same goal keeps coming back.
 
     The same agent started with the same input ``LOOPGUARD_RESTART_LIMIT`` times inside
     ``LOOPGUARD_RESTART_WINDOW_SECONDS`` is held (``NEEDS_HUMAN``/``restart_loop``) for an
     operator instead of running: a per-run budget cannot see an outer trigger loop.
+
+    With a ``client`` the task is attached (``console.attached``): ``agent`` is the name
+    its client gives it, ``tools`` its declared tools, and nothing is enqueued (the client
+    drives it); the console's default limits apply where ``limits`` is silent.
     """
     input = dict(input or {})
     reason = _optional(reason)
-    try:
-        cls = agent_class(agent)
-    except UnknownAgent as exc:
-        raise InvalidInput(str(exc)) from exc
+    cls = None
+    if client:
+        tools = attached_tools(tools)
+    else:
+        try:
+            cls = agent_class(agent)
+        except UnknownAgent as exc:
+            raise InvalidInput(str(exc)) from exc
     # Before anything walks the input recursively (the encoder, the fingerprint, redaction):
     # this check is iterative, so any depth gets an answer instead of a RecursionError.
     problem = unstorable(input, what="input", max_depth=KEPT_DEPTH)
@@ -153,12 +188,14 @@ def task_start(
     if len(encoded.encode()) > MAX_INPUT_BYTES:
         raise InvalidInput(f"the input is larger than {MAX_INPUT_BYTES // 1024} KiB")
     try:
-        cls.validate_input(input)
+        if cls is not None:
+            cls.validate_input(input)
         fingerprint = input_fingerprint(agent, input)
     except ValueError as exc:
         raise InvalidInput(f"invalid input for {agent}: {exc}") from exc
-    task_limits = parse_limits(cls.default_limits, limits)
-    if task_limits.get("spend") is not None:
+    task_limits = parse_limits({} if cls is None else cls.default_limits, limits)
+    # An attached client reserves each call's maximum cost itself (guard.remote).
+    if cls is not None and task_limits.get("spend") is not None:
         # Money is reserved before it is spent: without a price no call's maximum cost is
         # known, and a paid call would start with nothing reserved.
         model = cls.model_name()
@@ -172,7 +209,7 @@ def task_start(
     with transaction.atomic():
         # Counting the recent starts and inserting this one is one decision: without the
         # lock, concurrent starts of one goal each count the same committed tasks and all run.
-        _lock_goal(fingerprint)
+        lock_goal(fingerprint)
         window = timezone.now() - timedelta(seconds=settings.LOOPGUARD_RESTART_WINDOW_SECONDS)
         recent = Task.objects.filter(
             agent=agent, input_fingerprint=fingerprint, created_at__gte=window
@@ -186,6 +223,8 @@ def task_start(
             input_fingerprint=fingerprint,
             limits=task_limits,
             created_by=user,
+            client=client,
+            tools=dict(tools or {}),
         )
         Phase.objects.create(task=task, number=1, usage_at_start={})
         if held:
@@ -194,7 +233,7 @@ def task_start(
                 f"{settings.LOOPGUARD_RESTART_WINDOW_SECONDS} s with the same input"
             )
             lifecycle.hold(task, detail)
-        else:
+        elif not client:
             transaction.on_commit(lambda: enqueue(task.id))
         if user is not None:
             AuditEntry.objects.create(
@@ -202,7 +241,11 @@ def task_start(
                 action=AuditAction.START,
                 task=task,
                 reason=reason or "started from the console",
-                after={"agent": agent, "state": TaskState.NEEDS_HUMAN if held else task.state},
+                after={
+                    "agent": agent,
+                    "state": TaskState.NEEDS_HUMAN if held else task.state,
+                    **({"client": client} if client else {}),
+                },
             )
     task.refresh_from_db()
     return task
@@ -466,7 +509,8 @@ def task_approve_resumption(
             before=before,
             after={"state": TaskState.QUEUED, "phase": number, "grant": grant, "limits": limits},
         )
-        transaction.on_commit(lambda: enqueue(task.id))
+        if not task.is_attached:  # an attached task's client takes the new phase
+            transaction.on_commit(lambda: enqueue(task.id))
     task.refresh_from_db()
     return task
 
@@ -537,7 +581,8 @@ def _answer(
                 lifecycle.resume, task, actor=actor, note=reason, grant={}, limits=task.limits
             )
             after |= {"state": TaskState.QUEUED, "phase": number}
-            transaction.on_commit(lambda: enqueue(task.id))
+            if not task.is_attached:
+                transaction.on_commit(lambda: enqueue(task.id))
         else:
             detail = f"a person rejected the call to {approval.tool}: {reason}"
             _moving(lifecycle.close, task, detail=detail)
@@ -596,6 +641,10 @@ def _look_up(op: Operation) -> dict[str, Any]:
     ``result``, or an ``error`` saying why nothing could be told. Never raises."""
     key = op.key
     found: dict[str, Any]
+    if op.task.is_attached:
+        tool = op.tool or "the tool"
+        found = {"error": f"{tool} runs in the attached client: it has no lookup here"}
+        return dict(redact(found))
     try:
         agent = agent_class(op.task.agent)(op.task.id, op.task.input, {})
         tool = next((t for t in agent.tools() if t.name == op.tool), None)
@@ -615,8 +664,9 @@ def _look_up(op: Operation) -> dict[str, Any]:
     return dict(found)
 
 
-def _lock_goal(fingerprint: str) -> None:
-    """Serialise, until this transaction ends, the starts of one goal (agent and input).
+def lock_goal(fingerprint: str) -> None:
+    """Serialise, until this transaction ends, the starts of one goal (agent and input), or
+    of whatever else ``fingerprint`` (a SHA-256 in hex) names (a retried attached start).
 
     PostgreSQL: a transaction-scoped advisory lock on the fingerprint's first 64 bits (two
     goals sharing them only wait for each other). Under READ COMMITTED the count that follows
@@ -693,6 +743,7 @@ def _audit(
 __all__ = [
     "BULK_LIMIT",
     "MAX_TEXT_CHARS",
+    "MAX_TOOLS",
     "BulkOutcome",
     "InvalidInput",
     "LookupDisagrees",
@@ -700,8 +751,11 @@ __all__ = [
     "Refused",
     "ServiceError",
     "StaleState",
+    "agent_name_problem",
     "approval_approve",
     "approval_reject",
+    "attached_tools",
+    "lock_goal",
     "operation_look_up",
     "operation_mark_committed",
     "operation_mark_not_committed",

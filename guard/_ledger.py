@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+from ._checks import count, text
 from ._values import OperationState, Result
 
 __all__ = [
@@ -66,6 +68,23 @@ class Operation(NamedTuple):
             "attempts": self.attempts,
             "evidence": self.evidence,
         }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Operation:
+        """The entry :meth:`to_dict` describes, rebuilt (a stop report read back from the
+        console, say); ``ValueError`` if ``raw`` is not such a description."""
+        try:
+            result = raw["result"]
+            return cls(
+                key=text(raw["key"]),
+                fingerprint=text(raw["fingerprint"]),
+                state=OperationState(raw["state"]),
+                result=None if result is None else Result.from_dict(result),
+                attempts=count(raw.get("attempts", 1)),
+                evidence=text(raw.get("evidence", "")),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"malformed operation: {exc!r}") from exc
 
 
 class ClaimStatus(StrEnum):

@@ -181,9 +181,52 @@ class Report:
             "resume_condition": self.resume_condition,
         }
 
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Report:
+        """The report :meth:`to_dict` describes, rebuilt: a stop report read back from JSON
+        (the console's answer to an attached agent, say). ``operation_key``,
+        ``operation_state`` and ``resume_condition`` are derived from the rest and not read;
+        a counter missing from ``used`` is 0. ``ValueError`` if ``raw`` is not a stop
+        report."""
+        try:
+            used = raw["used"]
+            counters: dict[str, Any] = {
+                dimension.used: count(used.get(dimension.used, 0)) for dimension in DIMENSIONS
+            }
+            summary = raw.get("summary")
+            return cls(
+                state=State(raw["state"]),
+                reason=Reason(raw["reason"]),
+                revision=count(raw["revision"]),
+                operations=tuple(Operation.from_dict(op) for op in raw["operations"]),
+                remaining={
+                    text(name): None if left is None else count(left)
+                    for name, left in raw["remaining_budget"].items()
+                },
+                completed=tuple(dict(step) for step in raw["completed"]),
+                completed_total=count(raw["completed_total"]),
+                call=_mapping(raw.get("call")),
+                batch=tuple(dict(item) for item in raw["batch"]),
+                detail=text(raw.get("detail", "")),
+                pending=_mapping(raw.get("pending")),
+                summary=None if summary is None else text(summary),
+                **counters,
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"malformed stop report: {exc!r}") from exc
+
     def to_json(self, **kwargs: Any) -> str:
         """The full stop report as JSON text (keyword arguments go to :func:`json.dumps`)."""
         return json.dumps(self.to_dict(), ensure_ascii=False, **kwargs)
+
+
+def _mapping(value: Any) -> dict[str, Any] | None:
+    """An optional object of a stop report's JSON as a dict (``TypeError`` if it is not one)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{value!r} is not an object")
+    return dict(value)
 
 
 _COMPLETED_FIELDS = ("tool", "fingerprint", "operation_key", "reused", "revision")

@@ -397,6 +397,10 @@ LOOPGUARD_DEFAULT_LIMITS = {
 LOOPGUARD_REDACT_FIELDS = env_list("LOOPGUARD_REDACT_FIELDS", [])
 # A driver's lease on its task; renewed every third of it while the driver is alive.
 LOOPGUARD_LEASE_SECONDS = env_float("LOOPGUARD_LEASE_SECONDS", 30.0)
+# An attached client's lease (docs/protocol.md): each step renews it, and so does the
+# client's heartbeat every third of it while a tool runs. Longer than a worker's: it
+# travels over HTTP, through the client's own network.
+LOOPGUARD_ATTACHED_LEASE_SECONDS = env_float("LOOPGUARD_ATTACHED_LEASE_SECONDS", 60.0)
 # How often Celery beat looks for tasks whose driver's lease expired.
 LOOPGUARD_SWEEP_SECONDS = env_float("LOOPGUARD_SWEEP_SECONDS", 10.0)
 LOOPGUARD_REQUEUE_AFTER_SECONDS = env_float("LOOPGUARD_REQUEUE_AFTER_SECONDS", 120.0)

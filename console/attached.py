@@ -1,0 +1,633 @@
+"""Attached tasks: the step protocol's driver (docs/protocol.md).
+
+An attached agent runs its own loop in its own process and asks before each model call and
+tool call. Each request is one step of the same ``guard.Guard`` the hosted runner drives,
+over the same step store, in one transaction that holds the task's row:
+
+1. lock the task row (a Stop, a resumption or another request of the task waits for it);
+2. a request id answered before gets its stored answer (a retry never claims twice);
+3. take or renew the client's lease (``lifecycle.start_drive``: a lost driver's leftovers
+   are settled first, as for a dead worker);
+4. restore the guard from the task's checkpoint, run the one step, save its trace events,
+   counters and checkpoint (``StepStore.save``), record a stop (``StepStore.finish``);
+5. store the answer under the request id, and commit.
+
+A write's claim is the store's own gated statement inside that transaction, so it is
+atomic with the stop fact exactly as the runner's; and the client hears ``execute`` only
+after the claim is committed. A failure anywhere rolls the whole step back: the client
+retries it with the same request id and the step happens once.
+
+Elapsed time is the wall clock's: the checkpoint says when it was taken, and the time
+since then (the model thinking, a tool running in the client) counts toward the deadline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import DatabaseError, transaction
+
+from guard import Call, Evidence, Finish, Guard, Nudge, Reason, Report, Result, State
+from guard.steps import Action, Ticket, canonical_json
+
+from . import services, trace
+from .ledger import DatabaseLedger
+from .lifecycle import limits_of, usage_of
+from .models import Decision, EventKind, StepRequest, StopReport, Task
+from .redaction import preview, redact
+from .services import InvalidInput, NotFound, ServiceError
+from .store import Step, StepStore, open_store
+
+PROTOCOL = 1
+"""The protocol version this console speaks."""
+
+STEPS = ("model", "tools", "call", "result", "wait", "finish", "failed", "halt", "heartbeat")
+MAX_CALLS = 64
+# Reasons a client may stop its own task for (what the integrations find outside the
+# guard); the console's own (an operator's stop, approvals) are not the client's to claim.
+HALT_REASONS = frozenset(Reason) - {
+    Reason.OPERATOR_STOP,
+    Reason.APPROVAL_REQUIRED,
+    Reason.APPROVAL_REJECTED,
+}
+
+__all__ = [
+    "HALT_REASONS",
+    "MAX_CALLS",
+    "PROTOCOL",
+    "STEPS",
+    "ProtocolRefused",
+    "attached_start",
+    "attached_step",
+    "body_hash",
+]
+
+
+class ProtocolRefused(ServiceError):
+    """A step the protocol refuses; ``code`` is its machine-readable reason (an API error
+    code, docs/protocol.md "Errors")."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def body_hash(body: Mapping[str, Any]) -> str:
+    """What tells a retried request from another one under the same request id."""
+    return hashlib.sha256(canonical_json(dict(body)).encode()).hexdigest()
+
+
+def lease_seconds() -> float:
+    return float(settings.LOOPGUARD_ATTACHED_LEASE_SECONDS)
+
+
+# -- start -------------------------------------------------------------------------------------
+
+
+def attached_start(
+    *,
+    actor: User,
+    request_id: str,
+    lease: str,
+    agent: str,
+    client: str,
+    tools: Mapping[str, str],
+    input: Mapping[str, Any] | None = None,
+    limits: Mapping[str, Any] | None = None,
+    reason: str = "",
+    fingerprint: str,
+) -> tuple[dict[str, Any], bool]:
+    """Create an attached task driven by ``lease`` (or, for a retried start, find the one it
+    created); returns its answer and whether it is new."""
+    problem = services.agent_name_problem(agent)
+    if problem is not None:
+        raise InvalidInput(problem)
+    with transaction.atomic():
+        # A retried start (the same request id) waits for the first and finds its task.
+        services.lock_goal(
+            hashlib.sha256(f"attached\x00{actor.pk}\x00{request_id}".encode()).hexdigest()
+        )
+        prior = (
+            StepRequest.objects.filter(step="start", request_id=request_id, task__created_by=actor)
+            .order_by("id")
+            .first()
+        )
+        if prior is not None:
+            if prior.body_hash != fingerprint:
+                raise ProtocolRefused(
+                    "request_id_reused", f"request {request_id} started another task"
+                )
+            return dict(prior.answer), False
+        task = services.task_start(
+            agent=agent,
+            input=input,
+            limits=limits,
+            actor=actor,
+            reason=reason or f"attached by {client}",
+            client=client,
+            tools=tools,
+        )
+        if task.is_terminal:  # held for a restart loop before it ran
+            answer = _stopped(task)
+        else:
+            store = open_store(task.id, lease)
+            taken = store.take_lease(lease_seconds())
+            if isinstance(taken, str):  # pragma: no cover - nobody else knows the task yet
+                raise ProtocolRefused("lease_held", taken)
+            task = taken
+            answer = _answer(task, task.state, _limits_left(task), None)
+        answer |= {"lease_seconds": lease_seconds(), "url": f"/tasks/{task.id}/"}
+        StepRequest.objects.create(
+            task_id=task.id,
+            request_id=request_id,
+            step="start",
+            body_hash=fingerprint,
+            answer=answer,
+        )
+    return answer, True
+
+
+# -- steps -------------------------------------------------------------------------------------
+
+
+def attached_step(
+    *,
+    task_id: int,
+    request_id: str,
+    lease: str,
+    step: str,
+    fields: Mapping[str, Any],
+    fingerprint: str,
+) -> dict[str, Any]:
+    """Answer one step request of an attached task (see the module's docstring)."""
+    if step not in STEPS:
+        raise InvalidInput(f"step must be one of {', '.join(STEPS)}")
+    with transaction.atomic():
+        task = Task.objects.select_for_update().filter(id=task_id).first()
+        if task is None:
+            raise NotFound(f"there is no task {task_id}")
+        if not task.is_attached:
+            raise ProtocolRefused("not_attached", f"task {task_id} is hosted: workers drive it")
+        prior = StepRequest.objects.filter(task_id=task.id, request_id=request_id).first()
+        if prior is not None:
+            if prior.body_hash != fingerprint:
+                raise ProtocolRefused(
+                    "request_id_reused", f"request {request_id} was another request of this task"
+                )
+            return dict(prior.answer)
+        answer = _step(task, lease, step, fields)
+        answer["request_id"] = request_id
+        if step != "heartbeat":  # it changes nothing a retry could repeat
+            StepRequest.objects.create(
+                task_id=task.id,
+                request_id=request_id,
+                step=step,
+                body_hash=fingerprint,
+                answer=answer,
+            )
+    return answer
+
+
+def _step(task: Task, lease: str, step: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    if task.is_terminal:
+        return _stopped(task)  # terminal is sticky: every later step hears the same report
+    store = open_store(task.id, lease)
+    taken = store.take_lease(lease_seconds())
+    if isinstance(taken, str):
+        task.refresh_from_db()
+        if task.is_terminal:  # stopped before it ran, or recovered from a lost client
+            return _stopped(task)
+        raise ProtocolRefused("lease_held", f"task {task.id}: {taken}")
+    return _Driver(taken, store).run(step, fields)
+
+
+def _stopped(task: Task) -> dict[str, Any]:
+    latest = StopReport.objects.filter(task_id=task.id).order_by("-phase", "-id").first()
+    report = (
+        dict(latest.report) if latest is not None else {"state": task.state, "reason": task.reason}
+    )
+    remaining = report.get("remaining_budget") or {}
+    return _answer(task, task.state, remaining, report)
+
+
+def _answer(
+    task: Task, state: str, remaining: Mapping[str, Any], stop: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    return {
+        "protocol": PROTOCOL,
+        "task": task.id,
+        "phase": task.phase,
+        "state": str(state),
+        "remaining": dict(remaining),
+        "stop": None if stop is None else dict(stop),
+    }
+
+
+def _limits_left(task: Task) -> dict[str, int | None]:
+    limits = limits_of(task)
+    return dict(limits.remaining(usage_of(task)))
+
+
+def _wall_ms() -> float:
+    return time.time() * 1000.0
+
+
+class _ToolError(Exception):
+    """What a client's tool raised, as the client described it."""
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+def _transient(error: BaseException) -> bool:
+    return bool(getattr(error, "transient", False))
+
+
+def _no_wait(ms: float) -> None:
+    """The client waits (``wait`` answers how long): the server never sleeps."""
+
+
+@dataclass
+class _Clock:
+    """When the phase's steps happened, on the wall clock (milliseconds), kept with the
+    checkpoint: the model call's start and each call's entry, for the trace's latencies."""
+
+    model_at: float | None = None
+    entered: dict[str, float] | None = None
+
+    def to_dict(self, saved_at: float) -> dict[str, Any]:
+        return {"saved_at": saved_at, "model_at": self.model_at, "entered": self.entered or {}}
+
+
+class _Driver:
+    """One step of one attached task, with its guard restored from the checkpoint."""
+
+    def __init__(self, task: Task, store: StepStore) -> None:
+        self.task = task
+        self.store = store
+        self.now = _wall_ms()
+        self.ledger = DatabaseLedger(store=store)
+        self.events: list[dict[str, Any]] = []
+        self.tokens, self.cost = 0, None  # what this step's usage charged (the model call's)
+        checkpoint = task.checkpoint if isinstance(task.checkpoint, dict) else {}
+        same_phase = checkpoint.get("phase") == task.phase and "guard" in checkpoint
+        options: dict[str, Any] = {
+            "now": _wall_ms,
+            "wait": _no_wait,
+            "ledger": self.ledger,
+            # The row is locked for the whole step: the stop fact read with it is current.
+            "cancel": lambda: task.stop_requested_at is not None,
+            "tools": dict(task.tools),
+            "transient": _transient,
+        }
+        limits = limits_of(task)
+        used = usage_of(task)
+        if same_phase:
+            clock = checkpoint.get("attached") or {}
+            # The time since the last step (the model thinking, a tool running) counts.
+            gap = max(0, round(self.now - float(clock.get("saved_at") or self.now)))
+            saved = dict(checkpoint["guard"])
+            saved["usage"] = {**used.to_dict(), "elapsed_ms": used.elapsed_ms + gap}
+            self.guard = Guard.restore(saved, limits, **options)
+            self.clock = _Clock(clock.get("model_at"), dict(clock.get("entered") or {}))
+        else:
+            self.guard = Guard(limits, used=used, revision=task.revision, **options)
+            self.clock = _Clock()
+
+    # -- the steps ---------------------------------------------------------------------------
+
+    def run(self, step: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+        if step == "heartbeat":
+            return self._answer(stop_requested=self.task.stop_requested_at is not None)
+        self._charge(fields.get("usage"))
+        handler = getattr(self, f"_{step}")
+        try:
+            return handler(fields)  # type: ignore[no-any-return]
+        except _OutOfOrder as exc:
+            raise ProtocolRefused(exc.code, str(exc)) from None
+
+    def _model(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        self._settled_first("a model call")
+        reserve = _count(fields.get("reserve", 0), "reserve")
+        stop = self.guard.before_model(reserve=reserve)
+        if stop is not None:
+            return self._stop(stop)
+        self.clock.model_at = self.now
+        self._save()
+        return self._answer(allowed=True)
+
+    def _tools(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        self._settled_first("calls")
+        calls = self._calls(fields.get("calls"))
+        proposal: Any = calls[0] if len(calls) == 1 else calls
+        model = self._model_event(proposal)
+        admitted = self._guarded(lambda: self.guard.before_tools(proposal))
+        self.events.append(model)
+        if isinstance(admitted, Report):
+            self.events.append(trace.blocked_event(admitted))
+            return self._stop(admitted)
+        if isinstance(admitted, Nudge):
+            self.events.append(trace.nudge_event(admitted, self.guard.revision))
+            self._save()
+            nudge = {
+                "message": admitted.message,
+                "tool": admitted.tool,
+                "fingerprint": admitted.fingerprint,
+                "reason": str(admitted.reason),
+            }
+            return self._answer(nudge=nudge)
+        self.clock.entered = {}
+        self._save()
+        return self._answer(admitted=[_ticket(ticket) for ticket in admitted])
+
+    def _call(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        ticket = self._ticket(fields.get("ticket"))
+        if ticket.status != "admitted":
+            raise _OutOfOrder("step_out_of_order", f"call {ticket.index} was decided already")
+        shown = preview(ticket.call.args)
+        self.ledger.describe(ticket.call, shown)
+        decision = self._guarded(lambda: self.guard.before_tool(ticket))
+        if decision.action is Action.STOP:
+            report = decision.report
+            if report is None:  # pragma: no cover - STOP always carries its report
+                raise RuntimeError("a stop decision without a report")
+            event = self._request(ticket, Decision.BLOCKED, None, shown, reason=report.reason)
+            self.events.append(event)
+            return self._stop(report)
+        entered = dict(self.clock.entered or {})
+        entered[str(ticket.index)] = self.now
+        self.clock.entered = entered
+        self._save()
+        if decision.action is Action.EXECUTE:
+            return self._answer(action="execute")
+        result = decision.result
+        shown_result = None if result is None else redact(result.to_dict())
+        return self._answer(action="reuse", result=shown_result)
+
+    def _result(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        ticket = self._ticket(fields.get("ticket"))
+        status = str(ticket.status)
+        if status in ("admitted", "not_run"):
+            raise _OutOfOrder("call_not_allowed", f"call {ticket.index} was never allowed to run")
+        if status in ("ran", "reused"):
+            raise _OutOfOrder("result_given", f"call {ticket.index} has its result already")
+        executed = status == "executing"
+        outcome: Any = None
+        error: BaseException | None = None
+        if executed:
+            outcome, error = _outcome(fields.get("result"), fields.get("error"))
+        inspect = _inspector(fields.get("evidence"))
+        stop = self._guarded(
+            lambda: self.guard.after_tool(ticket, outcome, error=error, inspect=inspect)
+        )
+        entered = (self.clock.entered or {}).get(str(ticket.index))
+        latency = None if entered is None else max(0.0, self.now - float(entered)) / 1000.0
+        detail = "" if error is None else str(error)[:500]
+        self.events.append(
+            self._request(
+                ticket,
+                Decision.EXECUTED if executed else Decision.REUSED,
+                latency,
+                preview(ticket.call.args),
+                reason="" if stop is None else stop.reason,
+                detail=detail,
+            )
+        )
+        if stop is not None:
+            return self._stop(stop)
+        self._save()
+        return self._answer()
+
+    def _wait(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        self._settled_first("a wait")
+        if self.task.stop_requested_at is not None:
+            # Heard now rather than after the wait: the next model call would refuse anyway.
+            return self._stop(self.guard.halt(State.CANCELLED, Reason.OPERATOR_STOP))
+        pause = self._guarded(self.guard.before_wait)
+        if isinstance(pause, Report):
+            return self._stop(pause)
+        if pause:
+            self.events.append(trace.event(EventKind.WAIT, detail=f"waiting {pause:.0f} ms"))
+        self._save()
+        return self._answer(wait_ms=pause)
+
+    def _finish(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        self._settled_first("the finish")
+        finish = Finish(fields.get("answer"))
+        inspect = _inspector(fields.get("evidence"))
+        report = self._guarded(lambda: self.guard.finish(finish, inspect))
+        self.events.append(self._model_event(finish))
+        return self._stop(report)
+
+    def _failed(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        why = _text(fields.get("error"), "error") or "the model call failed"
+        detail = f"planner: {why}"
+        self.events.append(self._model_event(None, detail=detail))
+        return self._stop(self.guard.planner_failed(RuntimeError(why)))
+
+    def _halt(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            state = State(fields.get("state"))
+            reason = Reason(fields.get("reason"))
+        except ValueError:
+            raise InvalidInput("halt needs a state and a reason in the guard's words") from None
+        if reason not in HALT_REASONS or state is State.COMPLETED:
+            raise InvalidInput(f"a client may not stop its task {state}/{reason}")
+        detail = _text(fields.get("detail"), "detail")
+        return self._stop(self.guard.halt(state, reason, detail))
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _charge(self, usage: Any) -> None:
+        """What the model call since the last step spent, charged before the step."""
+        if usage is None:
+            return
+        if not isinstance(usage, Mapping) or set(usage) - {"tokens", "cost"}:
+            raise InvalidInput('usage is {"tokens": n, "cost": c}, each a whole number ≥ 0')
+        tokens = _count(usage.get("tokens", 0), "usage.tokens")
+        if tokens:
+            self.guard.spend_tokens(tokens)
+        if usage.get("cost") is not None:
+            self.guard.settle_spend(_count(usage["cost"], "usage.cost"))
+        self.tokens, self.cost = tokens, usage.get("cost")
+
+    def _settled_first(self, what: str) -> None:
+        for ticket in self.guard.tickets:
+            if str(ticket.status) in ("executing", "reusing"):
+                raise _OutOfOrder(
+                    "step_out_of_order",
+                    f"report the result of call {ticket.index} ({ticket.call.tool}) before {what}",
+                )
+
+    def _calls(self, raw: Any) -> list[Call]:
+        if not isinstance(raw, list) or not 0 < len(raw) <= MAX_CALLS:
+            raise InvalidInput(f"calls must be a list of 1 to {MAX_CALLS} calls")
+        calls = []
+        for index, item in enumerate(raw):
+            where = f"calls[{index}]"
+            if not isinstance(item, Mapping) or set(item) - {
+                "tool",
+                "args",
+                "effect",
+                "operation_key",
+            }:
+                raise InvalidInput(f"{where} must be {{tool, args, effect?, operation_key?}}")
+            tool, args = item.get("tool"), item.get("args", {})
+            if not isinstance(tool, str) or not tool:
+                raise InvalidInput(f"{where}.tool must be a tool's name")
+            if not isinstance(args, Mapping):
+                raise InvalidInput(f"{where}.args must be an object")
+            effect = item.get("effect") or self.task.tools.get(tool, "read")
+            if effect not in ("read", "write"):
+                raise InvalidInput(f'{where}.effect must be "read" or "write"')
+            key = item.get("operation_key")
+            if key is not None and not isinstance(key, str):
+                raise InvalidInput(f"{where}.operation_key must be a string")
+            calls.append(Call(tool, dict(args), effect, key))
+        return calls
+
+    def _ticket(self, raw: Any) -> Ticket:
+        if not isinstance(raw, int) or isinstance(raw, bool):
+            raise InvalidInput("ticket must be the number of an admitted call")
+        for ticket in self.guard.tickets:
+            if ticket.index == raw:
+                return ticket
+        raise _OutOfOrder("unknown_call", f"the current model call has no call {raw}")
+
+    def _guarded(self, step: Any) -> Any:
+        """Run a guard step; a step the guard finds out of order is the client's error."""
+        try:
+            return step()
+        except ValueError as exc:
+            if self.ledger.unavailable is not None:
+                raise DatabaseError(str(self.ledger.unavailable)) from exc
+            raise _OutOfOrder("step_out_of_order", str(exc)) from None
+
+    def _model_event(self, proposal: Any, *, detail: str = "") -> dict[str, Any]:
+        started = self.clock.model_at
+        latency = 0 if started is None else max(0, round(self.now - float(started)))
+        event = trace.model_event(proposal, latency, self.tokens, self.guard.revision, detail)
+        if self.cost is not None:
+            event["cost"] = self.cost
+        return event
+
+    def _request(
+        self, ticket: Ticket, decision: str, latency: float | None, shown: str, **why: str
+    ) -> dict[str, Any]:
+        return trace.request_event(
+            ticket, decision, latency, args_preview=shown, revision=self.guard.revision, **why
+        )
+
+    def _checkpoint(self) -> dict[str, Any]:
+        saved = self.guard.checkpoint(history=True, steps=True)
+        if "steps" in saved:
+            # The calls in progress hold arguments and results: stored redacted, as the
+            # trace stores them (their fingerprints stay exact, and that is what counts).
+            saved["steps"] = redact(saved["steps"])
+        return {
+            "phase": self.task.phase,
+            "guard": saved,
+            "attached": self.clock.to_dict(_wall_ms()),
+        }
+
+    def _save(self) -> None:
+        usage = self.guard.usage.to_dict()
+        step = Step(usage, self.guard.revision, tuple(self.events), self._checkpoint())
+        self.store.save(step)
+        self.events = []
+
+    def _stop(self, report: Report) -> dict[str, Any]:
+        if self.ledger.unavailable is not None:
+            # The guard stopped because the ledger could not be read: not a verdict. The
+            # step rolls back and the client asks again.
+            raise DatabaseError(f"the ledger failed ({self.ledger.unavailable})")
+        self._save()
+        self.store.finish(report, checkpoint=self._checkpoint())
+        stored = redact(report.to_dict())
+        return _answer(self.task, report.state, report.remaining, stored)
+
+    def _answer(self, **fields: Any) -> dict[str, Any]:
+        return _answer(self.task, self.task.state, self.guard.remaining(), None) | fields
+
+
+class _OutOfOrder(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _ticket(ticket: Ticket) -> dict[str, Any]:
+    raw = ticket.to_dict()
+    raw["ticket"] = raw.pop("index")
+    return raw
+
+
+def _outcome(result: Any, error: Any) -> tuple[Any, BaseException | None]:
+    """The tool's outcome as the client reported it: a result (anything that is not one is
+    the guard's ``bad_result``), or the error it raised."""
+    if (result is None) == (error is None):
+        raise InvalidInput("a result step for a call that ran carries result or error")
+    if error is not None:
+        if not isinstance(error, Mapping) or set(error) - {"type", "message", "transient"}:
+            raise InvalidInput('error is {"type", "message", "transient"}')
+        kind = _text(error.get("type"), "error.type") or "Error"
+        message = _text(error.get("message"), "error.message")
+        # Named as the client's exception was, so that the report reads as it would locally.
+        named = kind if kind.isidentifier() and len(kind) <= 100 else "ToolError"
+        cls = type(named, (_ToolError,), {})
+        return None, cls(message, transient=error.get("transient") is True)
+    try:
+        return Result.from_dict(result), None
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return result, None  # not a result: the guard stops it as bad_result
+
+
+def _inspector(evidence: Any) -> Any:
+    """The client's inspector's word as an ``inspect`` for the guard, or ``None`` (the
+    observed-evidence policy)."""
+    if evidence is None:
+        return None
+    if not isinstance(evidence, Mapping):
+        raise InvalidInput('evidence is {"revision", "done", "committed"}')
+    if "error" in evidence:
+        failure = str(evidence["error"])[:500]
+
+        def failed(_result: Any, _call: Any) -> Evidence:
+            raise ValueError(f"the client's inspector failed: {failure}")
+
+        return failed
+    if set(evidence) - {"revision", "done", "committed"}:
+        raise InvalidInput('evidence is {"revision", "done", "committed"}')
+    revision, done, committed = (
+        evidence.get("revision"),
+        evidence.get("done", False),
+        evidence.get("committed"),
+    )
+
+    def inspect(_result: Any, _call: Any) -> Evidence:
+        return Evidence(revision, done, committed)  # type: ignore[arg-type]  # the guard checks it
+
+    return inspect
+
+
+def _count(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInput(f"{what} must be a whole number ≥ 0")
+    if value > 2**62:
+        raise InvalidInput(f"{what} is too large")
+    return value
+
+
+def _text(value: Any, what: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} must be a string")
+    return value[:2000]

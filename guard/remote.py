@@ -1,0 +1,861 @@
+"""The console's guard, asked over HTTP: the Python client of the step protocol for attached
+agents (``docs/protocol.md``, version 1), standard library only.
+
+:class:`RemoteGuard` offers the step-wise interface of the local :class:`guard.Guard`
+(:class:`guard.steps.StepGuard`), so ``guard.langchain.LoopGuardMiddleware`` and
+``guard.openai_agents.GuardedRun`` take it unchanged; every decision is the console's::
+
+    from guard.langchain import LoopGuardMiddleware
+    from guard.remote import RemoteGuard
+
+    with RemoteGuard.start("https://console.example", token=token, agent="support-bot",
+                           tools=specs, client="support-service/3") as guard:
+        middleware = LoopGuardMiddleware(guard, specs)
+        ...                                       # create_agent(..., middleware=[middleware])
+        print(guard.page_url)                     # the task's page on the console
+
+What it promises:
+
+- **Fail closed.** A step that gets no answer is sent again, then raises
+  :exc:`ConsoleUnreachable`; a refusal raises :exc:`ProtocolError`. Neither ever comes back
+  as an allow: ``before_tool`` returns ``EXECUTE`` only when the console said so, so a tool
+  never runs on a console that cannot be reached.
+- **Retries are the same request.** A connection error, a timeout, a 5xx or a 429 is retried
+  ``retries`` times (backoff 0.1 s, 0.3 s, 0.9 s, … at most 2 s) with the same body and the
+  same ``request_id``: the console answers a request it has already seen with its stored
+  answer and never claims twice. A step the caller asks again after
+  :exc:`ConsoleUnreachable`, with the same content, is sent with that request id too.
+- **Usage rides along.** ``spend_tokens`` and ``settle_spend`` make no request: they are
+  sent as the next step's ``usage``, and kept until a step carrying them is answered (an
+  answer that was lost may have charged them already; a budget is never under-counted).
+- **The lease is kept alive.** A daemon thread sends a ``heartbeat`` every third of the
+  lease while nothing else is sent (a long tool, a slow model); a heartbeat that fails is
+  logged and tried again at the next beat, and the console's ``stop_requested`` is kept
+  (:attr:`RemoteGuard.stop_requested`). It stops at :meth:`RemoteGuard.close` and once the
+  task has stopped.
+- **Terminal is sticky.** Once an answer carries the stop report, every step returns it
+  without asking the console again.
+
+What protocol 1 does not offer, and so this client does not either: approval before a call
+(a hosted tool's ``approval=``); a tool's trusted ``lookup``, which runs in the local guard
+only (``before_tool``/``after_tool`` accept ``lookup=`` and ignore it: the console's
+reconcilers check the business system); the summary turn; ``checkpoint``/``restore`` (a
+new process continues a task with :meth:`RemoteGuard.attach`); and an in-process
+``cancel`` (an operator presses Stop on the console).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import math
+import os
+import socket
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import fields as dataclass_fields
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any, Self
+
+from ._checks import as_calls, describe, evidence_problem, plain, safe_repr, transient_error
+from ._driver import Inspect
+from ._fingerprint import canonical_json
+from ._report import Report
+from ._ticket import Action, Decision, Status, Ticket, execute, reuse
+from ._values import Call, Effect, Finish, Limits, Nudge, Reason, Result, State, _json_ready
+
+if TYPE_CHECKING:
+    from ._protocol import StepGuard
+
+__all__ = ["ConsoleUnreachable", "ProtocolError", "RemoteGuard"]
+
+PROTOCOL = 1
+"""The version of the step protocol this client speaks."""
+
+MAX_CALLS = 64
+"""The most calls one ``tools`` step may carry (the protocol's bound)."""
+
+DEFAULT_CLIENT = "guard.remote/1"
+"""What the console shows as the task's client when ``start`` is not told."""
+
+_LEASE_SECONDS = 60.0  # when an answer does not say (a heartbeat's need not)
+_BACKOFF_FIRST, _BACKOFF_FACTOR, _BACKOFF_MAX = 0.1, 3.0, 2.0
+_TEXT_LIMIT = 2000  # an error's message, a wrong return value's repr
+
+log = logging.getLogger(__name__)
+
+
+class ConsoleUnreachable(RuntimeError):
+    """The console gave no usable answer to one request, after every retry: ``url``, how
+    many ``attempts`` were made and the last ``cause`` (the exception of the connection,
+    the timeout, the 5xx or 429 answer, or the answer that could not be read).
+
+    The request may or may not have reached the console. Nothing waiting for this step's
+    allow may run: no model call, no tool.
+    """
+
+    def __init__(self, url: str, cause: BaseException, attempts: int) -> None:
+        super().__init__(
+            f"the console did not answer {url} ({attempts} attempt(s)); last: {describe(cause)}"
+        )
+        self.url = url
+        self.cause = cause
+        self.attempts = attempts
+
+
+class ProtocolError(RuntimeError):
+    """The console refused a request (a 4xx other than 429, which is never retried), or
+    answered something this client cannot read as the protocol's answer.
+
+    ``status`` is the HTTP status, ``code`` and ``message`` the refusal's ``code`` and
+    ``error`` (``docs/protocol.md``, "Errors"); an answer that does not follow the protocol
+    has the code ``invalid_answer``. A refusal changes nothing on the console.
+    """
+
+    def __init__(self, status: int, code: str, message: str, url: str = "") -> None:
+        super().__init__(f"{status} {code}: {message}" + (f" ({url})" if url else ""))
+        self.status = status
+        self.code = code
+        self.message = message
+        self.url = url
+
+
+class _Lost(Exception):
+    """One attempt got no usable answer; another may."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(describe(cause))
+        self.cause = cause
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is answered as what it is: a POST is not replayed elsewhere (nor its
+    bearer token sent there)."""
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: http.client.HTTPMessage,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        return None
+
+
+class _Transport:
+    """POSTs JSON to one console with a bearer token; retries what may be retried."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float,
+        retries: int,
+        sleep: Callable[[float], None],
+    ) -> None:
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"the console's URL must be http(s)://host[:port], not {base_url!r}")
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise ValueError(f"retries must be a non-negative int, got {retries!r}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+        self.base_url = base_url.rstrip("/")
+        self.timeout = float(timeout)
+        self.retries = retries
+        self._token = token
+        self._sleep = sleep
+        self._opener = urllib.request.build_opener(_NoRedirects)
+
+    def post(self, path: str, body: Mapping[str, Any], *, retries: int | None = None) -> Any:
+        """The JSON answer (an object) to ``body`` at ``path``. Raises
+        :exc:`ConsoleUnreachable` once ``retries`` more attempts of the very same bytes got
+        no answer, :exc:`ProtocolError` on a refusal, ``TypeError``/``ValueError`` (before
+        anything is sent) if ``body`` is not JSON."""
+        url = self.base_url + path
+        data = json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        tries = self.retries if retries is None else retries
+        cause: BaseException | None = None
+        for attempt in range(tries + 1):
+            if attempt:
+                delay = _BACKOFF_FIRST * _BACKOFF_FACTOR ** (attempt - 1)
+                self._sleep(min(delay, _BACKOFF_MAX))
+            try:
+                return self._once(url, data)
+            except _Lost as lost:
+                cause = lost.cause
+                log.debug("no answer from %s (attempt %d): %s", url, attempt + 1, lost)
+        assert cause is not None  # noqa: S101 - the loop ran at least once
+        raise ConsoleUnreachable(url, cause, tries + 1) from cause
+
+    def _once(self, url: str, data: bytes) -> Any:
+        request = urllib.request.Request(  # noqa: S310 - the scheme is checked to be http(s)
+            url,
+            data=data,
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+                "Authorization": f"Bearer {self._token}",
+            },
+        )
+        try:
+            with self._opener.open(request, timeout=self.timeout) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as refused:
+            status = refused.code
+            try:
+                text = refused.read()
+            except Exception:  # the refusal's body is a courtesy; its status decides
+                text = b""
+            finally:
+                refused.close()
+            if status == 429 or status >= 500:
+                raise _Lost(refused) from refused
+            raise _refusal(status, text, url) from None
+        except (OSError, http.client.HTTPException) as exc:  # URLError, timeouts, resets
+            raise _Lost(exc) from exc
+        try:
+            answer = json.loads(raw)
+        except ValueError as exc:  # cut short or garbled on the way: ask again
+            raise _Lost(exc) from exc
+        if not isinstance(answer, dict):
+            raise _Lost(ValueError(f"the answer is {type(answer).__name__}, not an object"))
+        return answer
+
+
+def _refusal(status: int, body: bytes, url: str) -> ProtocolError:
+    """The console's ``{"error", "code"}`` refusal (or what came instead) as an error."""
+    try:
+        found = json.loads(body)
+    except ValueError:
+        found = None
+    if isinstance(found, dict) and isinstance(found.get("code"), str):
+        return ProtocolError(status, found["code"], str(found.get("error", "")), url)
+    text = body.decode("utf-8", "replace").strip()[:200]
+    return ProtocolError(status, f"http_{status}", text or "no explanation given", url)
+
+
+def _invalid(what: str) -> ProtocolError:
+    return ProtocolError(200, "invalid_answer", what)
+
+
+def _new_lease() -> str:
+    """``host:pid:random``: one value per client process (and per guard in it)."""
+    host = "".join(c for c in socket.gethostname() if c.isascii() and c.isprintable())
+    host = host.replace(":", "-")[:100] or "host"
+    return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _amount(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+def _effects(tools: Mapping[str, Any]) -> dict[str, Effect]:
+    """Tool name → effect, from effects or from :class:`guard.adapters.ToolSpec` values."""
+    effects: dict[str, Effect] = {}
+    for name, declared in tools.items():
+        effect = getattr(declared, "effect", declared)
+        if not isinstance(name, str) or effect not in ("read", "write"):
+            raise ValueError(f"tool {name!r} must be declared 'read' or 'write', not {effect!r}")
+        effects[name] = effect
+    return effects
+
+
+def _limits(limits: Limits | Mapping[str, Any]) -> dict[str, Any]:
+    """The limits as the start request carries them (a :class:`Limits` sends every field)."""
+    if isinstance(limits, Limits):
+        raw = {field.name: getattr(limits, field.name) for field in dataclass_fields(limits)}
+    else:
+        raw = dict(limits)
+    if isinstance(raw.get("exempt"), set | frozenset):
+        raw["exempt"] = sorted(raw["exempt"])
+    return raw
+
+
+def _remaining(raw: Any) -> dict[str, int | None]:
+    if not isinstance(raw, Mapping):
+        raise _invalid(f"remaining is {type(raw).__name__}, not an object")
+    left: dict[str, int | None] = {}
+    for name, value in raw.items():
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise _invalid(f"remaining {name} is {value!r}, not a count")
+        left[str(name)] = value
+    return left
+
+
+def _evidence(inspect: Inspect, result: Result | None, subject: Call | Finish) -> dict[str, Any]:
+    """What the local, trusted inspector says, as the protocol's ``evidence``; an inspector
+    that raises or answers nonsense is sent as ``{"error"}``, which the console stops
+    ``invalid_evidence`` (as the local guard would)."""
+    try:
+        evidence = inspect(result, subject)
+    except Exception as exc:
+        return {"error": describe(exc)}
+    # Only the types are checked here: the console knows the revision so far.
+    problem = evidence_problem(evidence, 0)
+    if problem is not None:
+        return {"error": problem}
+    return {"revision": evidence.revision, "done": evidence.done, "committed": evidence.committed}
+
+
+class RemoteGuard:
+    """One attached task's guard on the console, driven step by step from this process.
+
+    Make one with :meth:`start` (a new task) or :meth:`attach` (a task that exists: after
+    an approved resumption, or from a new process); then drive it like a local guard (see
+    :mod:`guard.steps`) and :meth:`close` it (or use it as a context manager). ``task`` is
+    the task's id, ``lease`` this client's lease, ``page_url`` the task's page on the
+    console, ``state`` and ``phase`` as the latest answer gave them.
+
+    The steps are serialised (one request at a time); the heartbeat goes beside them. Every
+    step may raise :exc:`ConsoleUnreachable` or :exc:`ProtocolError` (see the module's
+    docstring); neither ever lets a tool run.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str,
+        timeout: float = 10.0,
+        retries: int = 3,
+        sleep: Callable[[float], None] = time.sleep,
+        heartbeat: bool = True,
+    ) -> None:
+        """A client of the console at ``url`` that has no task yet: use :meth:`start` or
+        :meth:`attach`, which make one and ask the console for its task."""
+        self._transport = _Transport(url, token, timeout=timeout, retries=retries, sleep=sleep)
+        self.lease = _new_lease()
+        self.task = 0
+        self.phase = 0
+        self.state = ""
+        self.page_url = ""
+        self.lease_seconds = _LEASE_SECONDS
+        self._heartbeat = heartbeat
+        self._lock = threading.RLock()
+        self._quiet = threading.Event()  # set on close() and once the task has stopped
+        self._beater: threading.Thread | None = None
+        self._report: Report | None = None
+        self._remaining: dict[str, int | None] = {}
+        self._remaining_at = time.monotonic()
+        self._stop_requested = False
+        self._tickets: list[Ticket] = []
+        self._tokens = 0
+        self._cost: int | None = None
+        self._settleable = False
+        self._answers = 0  # step answers taken in: a heartbeat's older news must not win
+        self._unanswered: tuple[str, dict[str, Any]] | None = None
+
+    # -- making one ------------------------------------------------------------------------
+
+    @classmethod
+    def start(
+        cls,
+        url: str,
+        *,
+        token: str,
+        agent: str,
+        tools: Mapping[str, Any],
+        client: str = DEFAULT_CLIENT,
+        input: Mapping[str, Any] | None = None,
+        limits: Limits | Mapping[str, Any] | None = None,
+        reason: str = "",
+        timeout: float = 10.0,
+        retries: int = 3,
+        sleep: Callable[[float], None] = time.sleep,
+        heartbeat: bool = True,
+    ) -> RemoteGuard:
+        """Start a new attached task on the console at ``url`` (``POST /api/attached``).
+
+        ``token`` is an API token of a person with the agent role; ``agent`` what the task
+        is called; ``tools`` every tool the agent may call, name → ``"read"``/``"write"``
+        (or a :class:`guard.adapters.ToolSpec`); ``client`` what drives it; ``input`` the
+        goal; ``limits`` the guard's limits (a mapping names only the limits it sets, the
+        console's defaults fill the rest; a :class:`~guard.Limits` sends every field);
+        ``reason`` goes to the audit log. ``timeout`` (seconds) bounds each attempt,
+        ``retries`` how many more attempts a request without an answer gets; ``sleep``
+        waits between them. ``heartbeat=False`` sends no heartbeats.
+
+        A goal started too often is held before it runs: the guard is then stopped at once
+        (:attr:`report`, ``NEEDS_HUMAN``/``restart_loop``).
+        """
+        guard = cls(
+            url, token=token, timeout=timeout, retries=retries, sleep=sleep, heartbeat=heartbeat
+        )
+        body: dict[str, Any] = {
+            "protocol": PROTOCOL,
+            "request_id": uuid.uuid4().hex,
+            "lease": guard.lease,
+            "agent": agent,
+            "client": client,
+            "tools": _effects(tools),
+        }
+        if input is not None:
+            body["input"] = dict(input)
+        if limits is not None:
+            body["limits"] = _limits(limits)
+        if reason:
+            body["reason"] = reason
+        guard._opened(guard._transport.post("/api/attached", body))
+        return guard
+
+    @classmethod
+    def attach(
+        cls,
+        url: str,
+        *,
+        token: str,
+        task: int,
+        timeout: float = 10.0,
+        retries: int = 3,
+        sleep: Callable[[float], None] = time.sleep,
+        heartbeat: bool = True,
+    ) -> RemoteGuard:
+        """Drive an existing attached task ``task`` from here, with a new lease: after an
+        approved resumption, or from a new process. Its first request is a ``heartbeat``,
+        which takes the task's lease (a 409 ``lease_held`` while another client's lease is
+        alive); the options are :meth:`start`'s."""
+        if not isinstance(task, int) or isinstance(task, bool) or task < 1:
+            raise ValueError(f"task must be a task id, got {task!r}")
+        guard = cls(
+            url, token=token, timeout=timeout, retries=retries, sleep=sleep, heartbeat=heartbeat
+        )
+        guard.task = task
+        body = {
+            "protocol": PROTOCOL,
+            "request_id": uuid.uuid4().hex,
+            "lease": guard.lease,
+            "step": "heartbeat",
+        }
+        answer = guard._transport.post(guard._steps_path, body)
+        guard._stop_requested = answer.get("stop_requested") is True
+        guard._opened(answer)
+        return guard
+
+    # -- state -----------------------------------------------------------------------------
+
+    @property
+    def report(self) -> Report | None:
+        """The stop report once the console has stopped the task, else ``None``."""
+        return self._report
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether a heartbeat has said an operator asked to stop the task (a long tool may
+        give up early; the next step answers the stop)."""
+        return self._stop_requested
+
+    @property
+    def tickets(self) -> tuple[Ticket, ...]:
+        """The admitted calls of the current model call, in order."""
+        return tuple(self._tickets)
+
+    def remaining(self) -> dict[str, int | None]:
+        """Budget left per dimension (``None``: no limit), as the latest answer gave it; the
+        deadline's ``deadline_ms`` counts down from that answer while the task runs."""
+        with self._lock:
+            left = dict(self._remaining)
+            deadline = left.get("deadline_ms")
+            if deadline is not None and self._report is None:
+                passed = int((time.monotonic() - self._remaining_at) * 1000)
+                left["deadline_ms"] = max(0, deadline - passed)
+            return left
+
+    def spend_tokens(self, tokens: int) -> None:
+        """Charge model usage to the token budget: sent with the next step (``ValueError``
+        unless a non-negative int)."""
+        tokens = _amount("tokens", tokens)
+        with self._lock:
+            self._tokens += tokens
+
+    def settle_spend(self, cost: int) -> None:
+        """The last model call's real cost replaces its reservation: sent with the next
+        step (``ValueError`` unless a non-negative int, or with no model call allowed since
+        the last settlement)."""
+        cost = _amount("cost", cost)
+        with self._lock:
+            if not self._settleable:
+                raise ValueError("settle_spend() needs a model call not settled yet")
+            self._settleable = False
+            self._cost = cost
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def before_model(self, *, reserve: int = 0) -> Report | None:
+        """Ask for one model call (``reserve``: its maximum cost, for the spend budget):
+        ``None`` if it may happen, else the stop report."""
+        reserve = _amount("reserve", reserve)
+        with self._lock:
+            if self._report is not None:
+                return self._report
+            answer = self._step("model", {"reserve": reserve})
+            if (stop := self._stopped()) is not None:
+                return stop
+            if answer.get("allowed") is not True:
+                raise _invalid("a model step answered neither allowed nor a stop")
+            self._tickets = []
+            self._settleable = True
+            return None
+
+    def before_tools(self, proposal: Any) -> list[Ticket] | Nudge | Report:
+        """Admit the calls of one model call (a :class:`~guard.Call` or a list of them):
+        the tickets, a :class:`~guard.Nudge` to show the model instead, or the stop report.
+
+        A proposal that is not well-formed calls, or whose arguments JSON cannot hold, is
+        not sent: the task is halted ``FAILED``/``bad_call`` or ``bad_args`` (unlike the
+        local guard, without counting a request for it). So is a model call of more than
+        :data:`MAX_CALLS` calls.
+        """
+        with self._lock:
+            if self._report is not None:
+                return self._report
+            calls = as_calls(proposal, None)
+            if isinstance(calls, str):
+                return self.halt(State.FAILED, Reason.BAD_CALL, calls)
+            if len(calls) > MAX_CALLS:
+                detail = f"{len(calls)} calls in one model call; at most {MAX_CALLS} are checked"
+                return self.halt(State.FAILED, Reason.BAD_CALL, detail)
+            wire: list[dict[str, Any]] = []
+            for call in calls:
+                try:
+                    args = json.loads(canonical_json(plain(call.args)))
+                except Exception as exc:  # BadArguments, or a Mapping that cannot be read
+                    return self.halt(State.FAILED, Reason.BAD_ARGS, describe(exc))
+                item: dict[str, Any] = {"tool": call.tool, "args": args, "effect": call.effect}
+                if call.operation_key is not None:
+                    item["operation_key"] = call.operation_key
+                wire.append(item)
+            answer = self._step("tools", {"calls": wire})
+            self._tickets = []
+            if (stop := self._stopped()) is not None:
+                return stop
+            if "nudge" in answer:
+                return _nudge(answer["nudge"])
+            admitted = answer.get("admitted")
+            if not isinstance(admitted, list) or not admitted:
+                raise _invalid("a tools step answered neither tickets, a nudge nor a stop")
+            self._tickets = [_ticket(item) for item in admitted]
+            return list(self._tickets)
+
+    def before_tool(self, ticket: Ticket, *, lookup: Any = None) -> Decision:
+        """Ask, at the executor's entry, whether this admitted call may run now: ``EXECUTE``
+        (run it once, then :meth:`after_tool`), ``REUSE`` with the stored result (do not
+        run it) or ``STOP``. Raises rather than allow when the console cannot be asked.
+
+        ``lookup`` is accepted for the local guard's signature and not used: protocol 1
+        runs no lookups for attached tools."""
+        with self._lock:
+            if self._report is not None:
+                return Decision(Action.STOP, ticket, report=self._report)
+            if ticket not in self._tickets or ticket.status is not Status.ADMITTED:
+                raise ValueError(
+                    "before_tool() needs a fresh ticket from the current before_tools()"
+                )
+            answer = self._step("call", {"ticket": ticket.index})
+            if (stop := self._stopped()) is not None:
+                self._not_run()
+                return Decision(Action.STOP, ticket, report=stop)
+            action = answer.get("action")
+            if action == Action.EXECUTE:
+                return execute(ticket)
+            if action == Action.REUSE:
+                try:
+                    result = Result.from_dict(answer["result"])
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                    raise _invalid(f"a reuse without a readable result: {exc!r}") from exc
+                return reuse(ticket, result)
+            raise _invalid(f"a call step answered the action {action!r} without a stop")
+
+    def after_tool(
+        self,
+        ticket: Ticket,
+        result: Any = None,
+        *,
+        error: BaseException | None = None,
+        inspect: Inspect | None = None,
+        lookup: Any = None,
+    ) -> Report | None:
+        """Report what one executed (or reused) call came to; the stop report if the task
+        stops here.
+
+        Pass the tool's return value as ``result`` (a :class:`~guard.Result`; anything else
+        is sent as such, and the console stops ``bad_result``), or the exception it raised
+        as ``error``. A reused call sends no result: the stored one counts. ``inspect``, the
+        application's trusted inspector, runs here and its evidence is sent with a result
+        (``None``: the console reads progress from the results). ``lookup`` is not used.
+        """
+        with self._lock:
+            if self._report is not None and ticket.status is not Status.EXECUTING:
+                return self._report
+            fields: dict[str, Any] = {"ticket": ticket.index}
+            if ticket.status is Status.REUSING:
+                if inspect is not None:
+                    fields["evidence"] = _evidence(inspect, ticket.result, ticket.call)
+                self._step("result", fields)
+                ticket.status = Status.REUSED
+                return self._report
+            if ticket.status is not Status.EXECUTING:
+                raise ValueError("after_tool() needs a ticket that before_tool() let execute")
+            returned: Result | None = None
+            if error is not None:
+                fields["error"] = {
+                    "type": type(error).__name__,
+                    "message": _message(error),
+                    "transient": transient_error(error),
+                }
+            elif isinstance(result, Result):
+                returned = result
+                fields["result"] = _json_ready(result.to_dict())
+                if inspect is not None:
+                    fields["evidence"] = _evidence(inspect, result, ticket.call)
+            else:
+                # Not a result: the console stops bad_result, as the local guard does.
+                fields["result"] = {"kind": "<not a result>", "data": _repr(result)}
+            self._step("result", fields)
+            ticket.status = Status.RAN
+            ticket.result = returned
+            return self._report
+
+    def before_wait(self) -> float | Report:
+        """Milliseconds to wait before the next model call (0: none), or the stop report."""
+        with self._lock:
+            if self._report is not None:
+                return self._report
+            answer = self._step("wait", {})
+            if (stop := self._stopped()) is not None:
+                return stop
+            wait_ms = answer.get("wait_ms")
+            if (
+                not isinstance(wait_ms, int | float)
+                or isinstance(wait_ms, bool)
+                or not math.isfinite(wait_ms)
+                or wait_ms < 0
+            ):
+                raise _invalid(f"a wait step answered wait_ms={wait_ms!r}")
+            return float(wait_ms)
+
+    def finish(self, finish: Finish, inspect: Inspect | None) -> Report:
+        """The model says it is done: ``COMPLETED`` only if ``inspect`` (run here, on the
+        finish) verifies the goal; with no inspector ``PARTIAL``/``goal_unverified``."""
+        with self._lock:
+            if self._report is not None:
+                return self._report
+            fields: dict[str, Any] = {"answer": _json_ready(finish.answer)}
+            if inspect is not None:
+                fields["evidence"] = _evidence(inspect, None, finish)
+            return self._final("finish", fields)
+
+    def planner_failed(self, error: BaseException) -> Report:
+        """The model call raised instead of proposing: ``FAILED``/``planner_error``."""
+        with self._lock:
+            if self._report is not None:
+                return self._report
+            return self._final("failed", {"error": describe(error)})
+
+    def halt(self, state: State, reason: Reason, detail: str = "") -> Report:
+        """Stop now for a reason found outside the guard (``ValueError`` for a state or
+        reason that is not one of the guard's words)."""
+        state, reason = State(state), Reason(reason)
+        with self._lock:
+            if self._report is not None:
+                return self._report
+            return self._final(
+                "halt", {"state": str(state), "reason": str(reason), "detail": str(detail)}
+            )
+
+    # -- closing ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the heartbeat (the task itself goes on: its lease runs out unless another
+        :meth:`attach` takes it). Safe to call more than once."""
+        self._quiet.set()
+        beater = self._beater
+        if beater is not None and beater is not threading.current_thread():
+            beater.join(self._transport.timeout + 1.0)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------
+
+    @property
+    def _steps_path(self) -> str:
+        return f"/api/attached/{self.task}/steps"
+
+    def _opened(self, answer: Mapping[str, Any]) -> None:
+        """Take in the first answer (a start's, or an attach's heartbeat), then beat."""
+        task = answer.get("task", self.task)
+        if not isinstance(task, int) or isinstance(task, bool) or task < 1:
+            raise _invalid(f"the task is {task!r}")
+        self.task = task
+        seconds = answer.get("lease_seconds")
+        if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds > 0:
+            self.lease_seconds = float(seconds)
+        page = answer.get("url")
+        page = page if isinstance(page, str) and page else f"/tasks/{task}/"
+        self.page_url = urllib.parse.urljoin(self._transport.base_url + "/", page)
+        with self._lock:
+            self._take(answer)
+        if self._heartbeat and self._report is None:
+            self._beater = threading.Thread(
+                target=self._beat, name=f"loopguard-heartbeat-{task}", daemon=True
+            )
+            self._beater.start()
+
+    def _step(self, step: str, fields: Mapping[str, Any]) -> Any:
+        """Send one step (with the buffered usage) and take in its answer. A step asked
+        again with the same content after it got no answer keeps its request id."""
+        body: dict[str, Any] = {"protocol": PROTOCOL, "lease": self.lease, "step": step, **fields}
+        usage: dict[str, int] = {}
+        if self._tokens:
+            usage["tokens"] = self._tokens
+        if self._cost is not None:
+            usage["cost"] = self._cost
+        if usage:
+            body["usage"] = usage
+        unanswered = self._unanswered
+        if unanswered is not None and unanswered[1] == body:
+            request_id = unanswered[0]
+        else:
+            request_id = uuid.uuid4().hex
+        try:
+            answer = self._transport.post(self._steps_path, {"request_id": request_id, **body})
+        except ConsoleUnreachable:
+            self._unanswered = (request_id, body)
+            raise
+        except ProtocolError:
+            self._unanswered = None  # refused: it changed nothing, usage included
+            raise
+        self._unanswered = None
+        self._tokens, self._cost = 0, None
+        self._answers += 1
+        self._take(answer)
+        return answer
+
+    def _final(self, step: str, fields: Mapping[str, Any]) -> Report:
+        """A step whose answer is the stop report."""
+        self._step(step, fields)
+        stop = self._stopped()
+        if stop is None:
+            raise _invalid(f"a {step} step answered no stop report")
+        self._not_run()
+        return stop
+
+    def _stopped(self) -> Report | None:
+        """The stop report, read again after a request (which may have brought it)."""
+        return self._report
+
+    def _take(self, answer: Mapping[str, Any]) -> None:
+        """Keep what every answer carries: ``remaining``, ``state``, ``phase`` and the stop
+        report, which is kept once and for all."""
+        if "remaining" in answer:
+            self._remaining = _remaining(answer["remaining"])
+            self._remaining_at = time.monotonic()
+        if isinstance(answer.get("state"), str):
+            self.state = answer["state"]
+        if isinstance(answer.get("phase"), int):
+            self.phase = answer["phase"]
+        stop = answer.get("stop")
+        if stop is not None and self._report is None:
+            try:
+                self._report = Report.from_dict(stop)
+            except ValueError as exc:
+                raise _invalid(str(exc)) from exc
+            self._quiet.set()
+
+    def _not_run(self) -> None:
+        """The calls of a stopped model call that never entered will not: marked so."""
+        for ticket in self._tickets:
+            if ticket.status is Status.ADMITTED:
+                ticket.status = Status.NOT_RUN
+
+    def _beat(self) -> None:
+        """The heartbeat thread: one attempt every third of the lease (the next beat is
+        the retry) until closed or stopped. A refusal ends it: it would not change."""
+        interval = max(self.lease_seconds / 3.0, 0.01)
+        while not self._quiet.wait(interval):
+            try:
+                self._beat_once()
+            except ConsoleUnreachable as exc:
+                log.warning("heartbeat of task %s got no answer: %s", self.task, exc)
+            except ProtocolError as exc:
+                log.warning("heartbeat of task %s refused, no more heartbeats: %s", self.task, exc)
+                return
+            except Exception:  # a bug must not kill the thread silently
+                log.exception("heartbeat of task %s failed", self.task)
+
+    def _beat_once(self) -> None:
+        with self._lock:
+            seen = self._answers
+        body = {
+            "protocol": PROTOCOL,
+            "request_id": uuid.uuid4().hex,
+            "lease": self.lease,
+            "step": "heartbeat",
+        }
+        # Outside the lock: a step is never held up by a heartbeat.
+        answer = self._transport.post(self._steps_path, body, retries=0)
+        with self._lock:
+            if answer.get("stop_requested") is True:
+                self._stop_requested = True
+            if self._answers == seen:
+                self._take(answer)
+            elif answer.get("stop") is not None and self._report is None:
+                self._take({"stop": answer["stop"]})  # the stop is news however late
+
+
+def _ticket(raw: Any) -> Ticket:
+    """An admitted ticket of the wire (``ticket`` is its index)."""
+    try:
+        return Ticket.from_dict({**raw, "index": raw["ticket"], "result": raw.get("result")})
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise _invalid(f"a ticket that cannot be read: {exc!r}") from exc
+
+
+def _nudge(raw: Any) -> Nudge:
+    try:
+        return Nudge(
+            str(raw["message"]), str(raw["tool"]), str(raw["fingerprint"]), Reason(raw["reason"])
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _invalid(f"a nudge that cannot be read: {exc!r}") from exc
+
+
+def _message(error: BaseException) -> str:
+    try:
+        return str(error)[:_TEXT_LIMIT]
+    except Exception:  # an exception that cannot describe itself is still reported
+        return ""
+
+
+def _repr(value: Any) -> str:
+    try:
+        return repr(value)[:_TEXT_LIMIT]
+    except Exception:
+        return safe_repr(value)
+
+
+if TYPE_CHECKING:
+
+    def _offers_the_steps(guard: RemoteGuard) -> StepGuard:
+        return guard  # mypy checks that RemoteGuard satisfies the StepGuard protocol

@@ -1,0 +1,443 @@
+"""The step protocol of attached tasks (docs/protocol.md), through the API on real
+PostgreSQL: every answer is checked against the OpenAPI document by the test client."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from console import runner, services
+from console.models import (
+    EventKind,
+    Operation,
+    OperationEvent,
+    OperationState,
+    StepRequest,
+    Task,
+    TaskState,
+    TraceEvent,
+)
+from console.roles import Role
+
+from .helpers import Caller, error
+
+TOOLS = {"lookup": "read", "refund": "write"}
+LIMITS = {"deadline_ms": 60_000, "model_calls": 8, "requests": 8, "executions": 6, "same": 2}
+
+
+class Client:
+    """An attached agent's process, speaking the protocol by hand."""
+
+    def __init__(self, caller: Caller, *, lease: str = "") -> None:
+        self.caller = caller
+        self.lease = lease or f"test:{uuid.uuid4().hex[:8]}"
+        self.task = 0
+        self.ids = itertools.count(1)
+        self.last: dict[str, Any] = {}
+
+    def start(self, **fields: Any) -> Any:
+        body = {
+            "protocol": 1,
+            "request_id": f"start-{uuid.uuid4().hex}",
+            "lease": self.lease,
+            "agent": "desk-bot",
+            "client": "tests/1",
+            "tools": TOOLS,
+            "limits": LIMITS,
+            **fields,
+        }
+        response = self.caller.post("/api/attached", body)
+        if response.status_code in (200, 201):
+            self.task = response.json()["task"]
+        self.last = body
+        return response
+
+    def send(self, step: str, *, request_id: str = "", **fields: Any) -> Any:
+        body = {
+            "protocol": 1,
+            "request_id": request_id or f"r-{next(self.ids)}-{uuid.uuid4().hex[:8]}",
+            "lease": self.lease,
+            "step": step,
+            **fields,
+        }
+        self.last = body
+        return self.caller.post(f"/api/attached/{self.task}/steps", body)
+
+    def step(self, step: str, **fields: Any) -> dict[str, Any]:
+        response = self.send(step, **fields)
+        assert response.status_code == 200, response.content
+        answer: dict[str, Any] = response.json()
+        return answer
+
+    def call(self, tool: str, args: dict[str, Any], key: str | None = None) -> dict[str, Any]:
+        """A model call proposing one call, up to that call's decision."""
+        assert self.step("model")["allowed"] is True
+        call: dict[str, Any] = {"tool": tool, "args": args}
+        if key is not None:
+            call["operation_key"] = key
+        tools = self.step("tools", calls=[call], usage={"tokens": 30})
+        if tools["stop"] is not None:
+            return tools
+        (ticket,) = tools["admitted"]
+        return self.step("call", ticket=ticket["ticket"])
+
+
+@pytest.fixture
+def agent(caller: Callable[..., Caller]) -> Client:
+    return Client(caller(Role.AGENT))
+
+
+@pytest.fixture
+def started(agent: Client) -> Client:
+    response = agent.start()
+    assert response.status_code == 201, response.content
+    return agent
+
+
+def _task(client: Client) -> Task:
+    return Task.objects.get(id=client.task)
+
+
+# -- starting ----------------------------------------------------------------------------------
+
+
+def test_a_start_creates_a_running_task_marked_attached_by_its_client(agent: Client) -> None:
+    response = agent.start(input={"order": 42})
+    assert response.status_code == 201
+    answer = response.json()
+    task = _task(agent)
+    assert answer["state"] == "RUNNING" and answer["stop"] is None
+    assert answer["remaining"]["model_calls"] == 8
+    assert task.client == "tests/1" and task.agent == "desk-bot" and task.tools == TOOLS
+    assert task.lease_owner == agent.lease
+    shown = agent.caller.get(f"/api/tasks/{task.id}").json()["task"]
+    assert shown["client"] == "tests/1"
+
+
+def test_a_retried_start_finds_the_task_it_created(agent: Client) -> None:
+    first = agent.start()
+    again = agent.caller.post("/api/attached", agent.last)
+    assert again.status_code == 200
+    assert again.json()["task"] == first.json()["task"]
+    assert Task.objects.count() == 1
+
+
+def test_a_start_request_id_used_for_another_body_is_refused(agent: Client) -> None:
+    agent.start()
+    other = {**agent.last, "agent": "another-bot"}
+    assert "another task" in error(agent.caller.post("/api/attached", other), 409)
+    assert Task.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"tools": {}}, "tools must name every tool"),
+        ({"tools": {"refund": "delete"}}, '"read" or "write"'),
+        ({"agent": "desk bot!"}, "letters, digits"),
+        ({"protocol": 2}, "protocol must be 1"),
+        ({"limits": {"model_calls": -1}}, "invalid limits"),
+    ],
+)
+def test_a_malformed_start_is_refused_and_creates_nothing(
+    agent: Client, fields: dict[str, Any], words: str
+) -> None:
+    response = agent.start(**fields)
+    assert response.status_code == 400, response.content
+    assert words in response.json()["error"]
+    assert not Task.objects.exists()
+
+
+def test_a_token_without_the_agent_role_may_not_attach(caller: Callable[..., Caller]) -> None:
+    operator = Client(caller(Role.OPERATOR))
+    assert "drive" in error(operator.start(), 403)
+    assert not Task.objects.exists()
+
+
+# -- a loop, step by step ----------------------------------------------------------------------
+
+
+def test_a_read_runs_on_execute_and_its_result_is_in_the_trace(started: Client) -> None:
+    decision = started.call("lookup", {"order": 42})
+    assert decision["action"] == "execute"
+    result = {"kind": "SUCCESS", "data": {"status": "shipped"}}
+    assert started.step("result", ticket=0, result=result)["stop"] is None
+    assert started.step("wait")["wait_ms"] == 0
+    events = list(TraceEvent.objects.filter(task_id=started.task).order_by("seq"))
+    assert [e.kind for e in events] == [EventKind.MODEL_CALL, EventKind.REQUEST]
+    assert events[0].tokens == 30
+    assert events[1].decision == "executed" and "shipped" in events[1].result_preview
+    task = _task(started)
+    assert (task.model_calls, task.requests, task.executions, task.tokens) == (1, 1, 1, 30)
+
+
+def test_a_finish_without_evidence_is_partial_and_with_it_completed(
+    caller: Callable[..., Caller],
+) -> None:
+    unverified, verified = Client(caller(Role.AGENT)), Client(caller(Role.AGENT, username="b"))
+    for client in (unverified, verified):
+        client.start()
+        client.step("model")
+    stop = unverified.step("finish", answer="done")["stop"]
+    assert (stop["state"], stop["reason"]) == ("PARTIAL", "goal_unverified")
+    evidence = {"revision": 1, "done": True}
+    stop = verified.step("finish", answer="done", evidence=evidence)["stop"]
+    assert (stop["state"], stop["reason"]) == ("COMPLETED", "goal_met")
+    assert _task(verified).state == TaskState.COMPLETED
+
+
+def test_the_same_call_again_and_again_is_stopped_same_call(started: Client) -> None:
+    answers = []
+    for _ in range(4):
+        decision = started.call("lookup", {"order": 42})
+        answers.append(decision)
+        if decision["stop"] is not None:
+            break
+        started.step("result", ticket=0, result={"kind": "SUCCESS", "data": {"status": "late"}})
+        started.step("wait")
+    stop = answers[-1]["stop"]
+    assert (stop["state"], stop["reason"]) == ("PARTIAL", "same_call")
+    assert _task(started).executions == 2
+    # Terminal is sticky: every later step answers the same report.
+    later = started.step("model")
+    assert later["stop"] == stop and later["state"] == "PARTIAL"
+
+
+def test_a_write_is_claimed_before_execute_and_committed_by_its_result(started: Client) -> None:
+    decision = started.call("refund", {"order": 42, "cents": 500}, key="order/42/refund")
+    assert decision["action"] == "execute"
+    op = Operation.objects.get(key="order/42/refund")
+    assert op.state == OperationState.IN_FLIGHT and op.task_id == started.task
+    started.step("result", ticket=0, result={"kind": "SUCCESS", "data": {"refund": "r-1"}})
+    op.refresh_from_db()
+    assert op.state == OperationState.COMMITTED and op.result["data"] == {"refund": "r-1"}
+
+
+def test_a_second_agent_asking_for_a_committed_write_reuses_its_result(
+    caller: Callable[..., Caller],
+) -> None:
+    first, second = Client(caller(Role.AGENT)), Client(caller(Role.AGENT, username="other"))
+    first.start(input={"n": 1})
+    second.start(input={"n": 2})
+    args, key = {"order": 42, "cents": 500}, "order/42/refund"
+    assert first.call("refund", args, key)["action"] == "execute"
+    pending = second.call("refund", args, key)
+    assert pending["action"] == "reuse" and pending["result"]["kind"] == "PENDING"
+    second.step("result", ticket=0)
+    first.step("result", ticket=0, result={"kind": "SUCCESS", "data": {"refund": "r-1"}})
+    second.step("wait")
+    reused = second.call("refund", args, key)
+    assert reused["action"] == "reuse" and reused["result"]["data"] == {"refund": "r-1"}
+    assert Operation.objects.get(key=key).attempts == 1
+
+
+def test_a_retried_call_gets_the_same_answer_and_never_claims_twice(started: Client) -> None:
+    started.step("model")
+    started.step(
+        "tools", calls=[{"tool": "refund", "args": {"cents": 1}, "operation_key": "k-1"}]
+    )
+    first = started.send("call", request_id="claim-1", ticket=0)
+    again = started.send("call", request_id="claim-1", ticket=0)
+    assert first.json() == again.json() and first.json()["action"] == "execute"
+    op = Operation.objects.get(key="k-1")
+    assert op.attempts == 1
+    assert OperationEvent.objects.filter(operation=op).count() == 1
+    assert StepRequest.objects.filter(task_id=started.task, request_id="claim-1").count() == 1
+
+
+def test_a_request_id_reused_for_another_step_is_refused(started: Client) -> None:
+    started.send("model", request_id="same")
+    assert error(started.send("wait", request_id="same"), 409)
+    assert started.send("wait", request_id="same").json()["code"] == "request_id_reused"
+
+
+def test_a_write_whose_result_is_lost_is_unknown_and_the_task_waits_for_a_person(
+    started: Client,
+) -> None:
+    started.call("refund", {"cents": 9}, key="order/9/refund")
+    lost = {"type": "TimeoutError", "message": "read timed out", "transient": True}
+    stop = started.step("result", ticket=0, error=lost)["stop"]
+    assert stop["state"] == "NEEDS_HUMAN"
+    assert "TimeoutError: read timed out" in stop["detail"]
+    assert stop["operation_key"] == "order/9/refund" and stop["operation_state"] == "UNKNOWN"
+    assert Operation.objects.get(key="order/9/refund").state == OperationState.UNKNOWN
+
+
+def test_a_batch_is_decided_call_by_call(started: Client) -> None:
+    started.step("model")
+    calls = [
+        {"tool": "lookup", "args": {"order": 1}},
+        {"tool": "lookup", "args": {"order": 2}},
+    ]
+    admitted = started.step("tools", calls=calls)["admitted"]
+    assert [t["ticket"] for t in admitted] == [0, 1]
+    for ticket in (0, 1):
+        assert started.step("call", ticket=ticket)["action"] == "execute"
+    for ticket in (0, 1):
+        data = {"order": ticket}
+        started.step("result", ticket=ticket, result={"kind": "SUCCESS", "data": data})
+    assert _task(started).executions == 2
+
+
+# -- Stop, leases, resumption ------------------------------------------------------------------
+
+
+def test_an_operators_stop_is_answered_at_the_next_step(
+    started: Client, caller: Callable[..., Caller]
+) -> None:
+    operator = caller(Role.OPERATOR)
+    started.call("lookup", {"order": 1})
+    started.step("result", ticket=0, result={"kind": "SUCCESS", "data": 1})
+    services.task_stop(task_id=started.task, actor=operator.user, reason="enough")
+    stop = started.step("wait")["stop"]
+    assert (stop["state"], stop["reason"]) == ("CANCELLED", "operator_stop")
+    assert started.step("model")["stop"] == stop
+
+
+def test_an_operators_stop_refuses_the_claim_of_a_call_admitted_before_it(
+    started: Client, caller: Callable[..., Caller]
+) -> None:
+    started.step("model")
+    started.step("tools", calls=[{"tool": "refund", "args": {}, "operation_key": "k-2"}])
+    services.task_stop(task_id=started.task, actor=caller(Role.OPERATOR).user, reason="no")
+    answer = started.step("call", ticket=0)
+    assert answer["stop"]["reason"] == "operator_stop"
+    assert not Operation.objects.filter(key="k-2").exists()
+
+
+def test_another_lease_may_not_drive_a_task_whose_client_is_alive(
+    started: Client, caller: Callable[..., Caller]
+) -> None:
+    intruder = Client(started.caller, lease="someone-else")
+    intruder.task = started.task
+    response = intruder.send("model")
+    assert error(response, 409) and response.json()["code"] == "lease_held"
+    assert _task(started).model_calls == 0
+
+
+def test_a_vanished_clients_write_becomes_unknown_when_its_lease_expires(
+    started: Client,
+) -> None:
+    started.call("refund", {"cents": 3}, key="order/3/refund")
+    # The client vanishes mid-write; its lease runs out and the sweep finds it.
+    Task.objects.filter(id=started.task).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    enqueued: list[int] = []
+    counts = runner.sweep(enqueued.append)
+    assert counts["recovered"] == 1 and enqueued == []
+    task = _task(started)
+    assert (task.state, task.reason) == (TaskState.NEEDS_HUMAN, "unknown_commit")
+    assert Operation.objects.get(key="order/3/refund").state == OperationState.UNKNOWN
+    # The client coming back hears the stop.
+    assert started.step("result", ticket=0, result={"kind": "SUCCESS"})["state"] == "NEEDS_HUMAN"
+
+
+def test_a_workers_drive_leaves_an_attached_task_to_its_client(started: Client) -> None:
+    assert runner.drive(started.task).startswith("attached")
+    assert _task(started).lease_owner == started.lease
+
+
+def test_after_reconciliation_and_resumption_a_new_process_reuses_the_committed_write(
+    started: Client, caller: Callable[..., Caller], enqueued: list[int]
+) -> None:
+    args, key = {"order": 7, "cents": 700}, "order/7/refund"
+    started.call("refund", args, key)
+    lost = {"type": "ConnectionError", "message": "reset", "transient": True}
+    started.step("result", ticket=0, error=lost)
+    reconciler, approver = caller(Role.RECONCILER), caller(Role.APPROVER)
+    services.operation_mark_committed(
+        key=key, actor=reconciler.user, evidence="refund r-7 in the desk", result={"refund": "r-7"}
+    )
+    services.task_approve_resumption(task_id=started.task, actor=approver.user, reason="ok")
+    assert _task(started).state == TaskState.QUEUED and enqueued == []
+    # A new process, with the task id only.
+    again = Client(started.caller, lease="new-process")
+    again.task = started.task
+    reused = again.call("refund", args, key)
+    assert reused["phase"] == 2 and reused["action"] == "reuse"
+    assert reused["result"]["data"] == {"refund": "r-7"}
+    task = _task(again)
+    assert task.model_calls == 2 and task.executions == 1  # the counters carried over
+    assert Operation.objects.get(key=key).attempts == 1
+
+
+# -- bad input changes nothing -----------------------------------------------------------------
+
+
+def _unchanged(client: Client) -> tuple[Any, ...]:
+    task = _task(client)
+    return (task.state, task.model_calls, task.requests, task.executions, task.checkpoint)
+
+
+@pytest.mark.parametrize(
+    ("step", "fields", "code"),
+    [
+        ("tools", {"calls": [{"tool": "lookup", "args": {}}]}, "step_out_of_order"),
+        ("call", {"ticket": 0}, "unknown_call"),
+        ("result", {"ticket": 0, "result": {"kind": "SUCCESS"}}, "unknown_call"),
+        ("dance", {}, "invalid_input"),
+        ("model", {"reserve": -1}, "invalid_input"),
+        ("model", {"usage": {"tokens": "many"}}, "invalid_input"),
+        ("model", {"protocol": 7}, "unsupported_protocol"),
+        ("model", {"extra": 1}, "invalid_input"),
+        ("halt", {"state": "CANCELLED", "reason": "operator_stop"}, "invalid_input"),
+    ],
+)
+def test_a_step_that_does_not_fit_is_refused_and_changes_nothing(
+    started: Client, step: str, fields: dict[str, Any], code: str
+) -> None:
+    before = _unchanged(started)
+    response = started.send(step, **fields)
+    assert response.status_code in (400, 409), response.content
+    assert response.json()["code"] == code
+    assert _unchanged(started) == before
+
+
+def test_results_for_calls_never_allowed_or_given_twice_are_refused(started: Client) -> None:
+    started.step("model")
+    calls = [{"tool": "lookup", "args": {"n": 1}}, {"tool": "lookup", "args": {"n": 2}}]
+    started.step("tools", calls=calls)
+    never = started.send("result", ticket=1, result={"kind": "SUCCESS"})
+    assert never.status_code == 409 and never.json()["code"] == "call_not_allowed"
+    started.step("call", ticket=0)
+    started.step("result", ticket=0, result={"kind": "SUCCESS", "data": 1})
+    twice = started.send("result", ticket=0, result={"kind": "SUCCESS", "data": 2})
+    assert twice.status_code == 409 and twice.json()["code"] == "result_given"
+    assert _task(started).executions == 1
+
+
+def test_a_model_step_with_a_result_unreported_is_out_of_order(started: Client) -> None:
+    started.call("lookup", {"n": 1})
+    premature = started.send("model")
+    assert premature.status_code == 409 and premature.json()["code"] == "step_out_of_order"
+    assert "report the result of call 0" in premature.json()["error"]
+
+
+def test_text_the_database_cannot_hold_is_a_400(started: Client) -> None:
+    started.step("model")
+    response = started.send("tools", calls=[{"tool": "lookup", "args": {"q": "a\x00b"}}])
+    assert response.status_code == 400 and "NUL" in response.json()["error"]
+
+
+def test_an_unknown_task_is_404_and_a_hosted_one_409(
+    started: Client, start: Callable[..., Task]
+) -> None:
+    started.task = 999_999
+    assert started.send("model").status_code == 404
+    hosted = start("test_reader", {"pages": 1})
+    started.task = hosted.id
+    response = started.send("model")
+    assert response.status_code == 409 and response.json()["code"] == "not_attached"
+
+
+def test_a_tool_the_client_did_not_declare_is_a_bad_call(started: Client) -> None:
+    started.step("model")
+    stop = started.step("tools", calls=[{"tool": "delete_everything", "args": {}}])["stop"]
+    assert stop["reason"] == "bad_call"
