@@ -200,16 +200,16 @@ def _step(task: Task, lease: str, step: str, fields: Mapping[str, Any]) -> dict[
     store = open_store(task.id, lease)
     taken = store.take_lease(lease_seconds())
     if isinstance(taken, str):
-        task.refresh_from_db()
-        if task.is_terminal:  # stopped before it ran, or recovered from a lost client
-            return _stopped(task)
+        now = Task.objects.get(id=task.id)
+        if now.is_terminal:  # stopped before it ran, or recovered from a lost client
+            return _stopped(now)
         raise ProtocolRefused("lease_held", f"task {task.id}: {taken}")
     return _Driver(taken, store).run(step, fields)
 
 
 def _stopped(task: Task) -> dict[str, Any]:
     latest = StopReport.objects.filter(task_id=task.id).order_by("-phase", "-id").first()
-    report = (
+    report: dict[str, Any] = (
         dict(latest.report) if latest is not None else {"state": task.state, "reason": task.reason}
     )
     remaining = report.get("remaining_budget") or {}
@@ -275,7 +275,9 @@ class _Driver:
         self.now = _wall_ms()
         self.ledger = DatabaseLedger(store=store)
         self.events: list[dict[str, Any]] = []
-        self.tokens, self.cost = 0, None  # what this step's usage charged (the model call's)
+        # What this step's usage charged: the model call's, for its trace event.
+        self.tokens = 0
+        self.cost: int | None = None
         checkpoint = task.checkpoint if isinstance(task.checkpoint, dict) else {}
         same_phase = checkpoint.get("phase") == task.phase and "guard" in checkpoint
         options: dict[str, Any] = {
@@ -305,7 +307,8 @@ class _Driver:
 
     def run(self, step: str, fields: Mapping[str, Any]) -> dict[str, Any]:
         if step == "heartbeat":
-            return self._answer(stop_requested=self.task.stop_requested_at is not None)
+            stopping = self.task.stop_requested_at is not None
+            return self._answer(stop_requested=stopping, lease_seconds=lease_seconds())
         self._charge(fields.get("usage"))
         handler = getattr(self, f"_{step}")
         try:
@@ -434,8 +437,8 @@ class _Driver:
 
     def _halt(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         try:
-            state = State(fields.get("state"))
-            reason = Reason(fields.get("reason"))
+            state = State(str(fields.get("state")))
+            reason = Reason(str(fields.get("reason")))
         except ValueError:
             raise InvalidInput("halt needs a state and a reason in the guard's words") from None
         if reason not in HALT_REASONS or state is State.COMPLETED:

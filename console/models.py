@@ -171,6 +171,8 @@ class Task(models.Model):
             models.Index(
                 fields=["lease_expires_at"], condition=Q(state="RUNNING"), name="task_running_lease"
             ),
+            # The task list's agent filter: the names attached clients gave their tasks.
+            models.Index(fields=["agent"], condition=~Q(client=""), name="task_attached_agent"),
             # Restart-loop detection: the same agent and input inside a window.
             models.Index(fields=["agent", "input_fingerprint", "created_at"], name="task_restarts"),
         ]

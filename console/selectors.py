@@ -322,7 +322,7 @@ class TaskFilters(_Filters):
         return {
             "state": _one_of(query, "state", TaskState.values, errors),
             "reason": _one_of(query, "reason", STOP_REASONS, errors, word="stop reason"),
-            "agent": _one_of(query, "agent", settings.LOOPGUARD_AGENTS, errors),
+            "agent": _one_of(query, "agent", agent_choices(), errors),
             "q": query.get("q", "").strip()[:200],
         }
 
@@ -403,14 +403,25 @@ def task_ids(filters: TaskFilters, *, limit: int) -> list[int]:
     return list(tasks(filters).values_list("id", flat=True)[:limit])
 
 
+ATTACHED_AGENTS_SHOWN = 100
+"""The most attached agents' names the task list's filter offers."""
+
+
 def task_page(filters: TaskFilters, number: Any) -> Page[Task]:
     """One page of the task list (a bad page number gives the nearest page)."""
     return Paginator(tasks(filters), TASKS_PER_PAGE).get_page(number)
 
 
 def agent_choices() -> list[str]:
-    """Agent names for the filter: the registered ones (no query)."""
-    return sorted(settings.LOOPGUARD_AGENTS)
+    """Agent names for the filter: the registered ones, and those attached clients gave
+    their tasks (one query, on the index of attached tasks' agents)."""
+    attached = (
+        Task.objects.exclude(client="")
+        .order_by("agent")
+        .values_list("agent", flat=True)
+        .distinct()[:ATTACHED_AGENTS_SHOWN]
+    )
+    return sorted({*settings.LOOPGUARD_AGENTS, *attached})
 
 
 @dataclass

@@ -762,4 +762,5 @@ STEP_ANSWER = Shape("StepAnswer", "What one step decided (docs/protocol.md).", (
     _member("result", nullable(OBJECT), "call with reuse: the stored result"),
     _member("wait_ms", {"type": "number"}, "wait: milliseconds to wait before the next model call"),
     _member("stop_requested", BOOLEAN, "heartbeat: an operator asked the task to stop"),
+    _member("lease_seconds", {"type": "number"}, "heartbeat: how long the lease now lasts"),
 ))

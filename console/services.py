@@ -642,8 +642,8 @@ def _look_up(op: Operation) -> dict[str, Any]:
     key = op.key
     found: dict[str, Any]
     if op.task.is_attached:
-        tool = op.tool or "the tool"
-        found = {"error": f"{tool} runs in the attached client: it has no lookup here"}
+        name = op.tool or "the tool"
+        found = {"error": f"{name} runs in the attached client: it has no lookup here"}
         return dict(redact(found))
     try:
         agent = agent_class(op.task.agent)(op.task.id, op.task.input, {})

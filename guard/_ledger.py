@@ -83,7 +83,7 @@ class Operation(NamedTuple):
                 attempts=count(raw.get("attempts", 1)),
                 evidence=text(raw.get("evidence", "")),
             )
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"malformed operation: {exc!r}") from exc
 
 

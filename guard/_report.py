@@ -212,7 +212,7 @@ class Report:
                 summary=None if summary is None else text(summary),
                 **counters,
             )
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"malformed stop report: {exc!r}") from exc
 
     def to_json(self, **kwargs: Any) -> str:

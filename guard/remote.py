@@ -87,6 +87,7 @@ DEFAULT_CLIENT = "guard.remote/1"
 _LEASE_SECONDS = 60.0  # when an answer does not say (a heartbeat's need not)
 _BACKOFF_FIRST, _BACKOFF_FACTOR, _BACKOFF_MAX = 0.1, 3.0, 2.0
 _TEXT_LIMIT = 2000  # an error's message, a wrong return value's repr
+_REASONS = frozenset(Reason)
 
 log = logging.getLogger(__name__)
 
@@ -116,14 +117,28 @@ class ProtocolError(RuntimeError):
     ``status`` is the HTTP status, ``code`` and ``message`` the refusal's ``code`` and
     ``error`` (``docs/protocol.md``, "Errors"); an answer that does not follow the protocol
     has the code ``invalid_answer``. A refusal changes nothing on the console.
+
+    A task the console stopped for a reason of its own, outside the guard's words (a goal
+    started too often and held before it runs, ``NEEDS_HUMAN``/``restart_loop``), has no
+    guard report to hand back: ``start``/``attach`` raise this with that reason as the
+    ``code``, the stop's ``detail`` as the ``message`` and the console's whole ``answer``
+    (the task id, the stop as JSON). Nothing may run for such a task.
     """
 
-    def __init__(self, status: int, code: str, message: str, url: str = "") -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        url: str = "",
+        answer: Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__(f"{status} {code}: {message}" + (f" ({url})" if url else ""))
         self.status = status
         self.code = code
         self.message = message
         self.url = url
+        self.answer = answer
 
 
 class _Lost(Exception):
@@ -188,7 +203,7 @@ class _Transport:
         for attempt in range(tries + 1):
             if attempt:
                 delay = _BACKOFF_FIRST * _BACKOFF_FACTOR ** (attempt - 1)
-                self._sleep(min(delay, _BACKOFF_MAX))
+                self._sleep(round(min(delay, _BACKOFF_MAX), 3))
             try:
                 return self._once(url, data)
             except _Lost as lost:
@@ -777,6 +792,11 @@ class RemoteGuard:
             self.phase = answer["phase"]
         stop = answer.get("stop")
         if stop is not None and self._report is None:
+            reason = stop.get("reason") if isinstance(stop, Mapping) else None
+            if isinstance(reason, str) and reason not in _REASONS:
+                detail = str(stop.get("detail") or stop.get("resume_condition") or reason)
+                self._quiet.set()
+                raise ProtocolError(200, reason, detail, answer=answer)
             try:
                 self._report = Report.from_dict(stop)
             except ValueError as exc:

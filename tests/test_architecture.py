@@ -35,14 +35,19 @@ LAYERS: dict[str, int] = {
     "console.lifecycle": 2,
     # Everything that persists a guard step, one implementation per database.
     "console.store": 3,
-    # Drivers over the store: the hosted runner (and the Celery tasks that call it).
+    # Drivers over the store: the hosted runner (and the Celery tasks that call it), and
+    # the trace events both drivers write.
     "console.ledger": 4,
     "console.runner": 4,
+    "console.trace": 4,
     "console.tasks": 4,
     # Notifications' outbox and delivery: below the Celery tasks that run it.
     "console.notifications": 4,
     # What people and clients ask for: services (writes), selectors (reads) and their kin.
     "console.services": 5,
+    # The attached driver: a client's step requests, over the store, starting through the
+    # services.
+    "console.attached": 5,
     "console.selectors": 5,
     "console.tokens": 5,
     "console.health": 5,
@@ -72,8 +77,8 @@ LAYERS: dict[str, int] = {
 ONLY_FROM: dict[str, set[str]] = {
     # Only Celery runs the hosted driver; services enqueue through console.tasks.
     "console.runner": {"console.tasks"},
-    # Only drivers touch the step store.
-    "console.store": {"console.ledger", "console.runner"},
+    # Only drivers touch the step store: the hosted runner and the attached driver.
+    "console.store": {"console.ledger", "console.runner", "console.attached"},
     # The product does not depend on its demo; only the demo's own entry points start it.
     "console.demo": {"console.launcher", "console.management.commands.demo"},
 }

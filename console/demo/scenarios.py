@@ -17,6 +17,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -140,7 +141,7 @@ def demo_tasks(*, enqueue: Enqueue | None = None) -> list[tuple[Scenario, Task, 
     Needs the demo operator (``demo_users``); seeds the desk's records first. ``enqueue``
     replaces sending the task to the workers (tests).
     """
-    queue: dict[str, Enqueue] = {} if enqueue is None else {"enqueue": enqueue}
+    start = task_start if enqueue is None else partial(task_start, enqueue=enqueue)
     seed_demo_data()
     starter = _demo_person(STARTER)
     if starter is None:
@@ -151,13 +152,12 @@ def demo_tasks(*, enqueue: Enqueue | None = None) -> list[tuple[Scenario, Task, 
         if last is not None and not (scenario.keep_running and last.state not in ACTIVE_STATES):
             shown.append((scenario, last, False))
             continue
-        task = task_start(
+        task = start(
             agent=scenario.agent,
             input=dict(scenario.input),
             limits=dict(scenario.limits) or None,
             actor=starter,
             reason=f"demo: {scenario.shows}",
-            **queue,
         )
         shown.append((scenario, task, True))
     return shown

@@ -1,0 +1,325 @@
+"""Attached agents against a live console (pytest-django's live server on the real
+PostgreSQL): the Python client ``guard.remote`` over real HTTP, LangChain's and the OpenAI
+Agents SDK's own offline models, and agent processes that are started, raced and killed.
+
+Each agent's business system here has no idempotency of its own (a notice is a line in a
+file, one per execution), so "nothing sent twice" is read from the business records: only
+the console's ledger stands between a retry and a second notice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from http.client import HTTPConnection
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from console import runner
+from console.models import Operation, OperationEvent, OperationState, StepRequest, Task, TaskState
+from console.roles import Role, assign
+from console.tokens import api_token_issue
+from guard import Call, Kind, Report, Result
+from guard.remote import ConsoleUnreachable, RemoteGuard
+from guard.steps import Action
+from tests.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+LIMITS = {"deadline_ms": 60_000, "model_calls": 8, "requests": 8, "executions": 6, "same": 2}
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture
+def token(transactional_db: None) -> Callable[[Role], str]:
+    """A bearer token of a new person holding ``role``."""
+
+    def issue(role: Role) -> str:
+        user = User.objects.create_user(f"{role.value}-{User.objects.count()}")
+        assign(user, [role])
+        return api_token_issue(user=user, name="live")[1]
+
+    return issue
+
+
+@pytest.fixture
+def url(live_server: Any) -> str:
+    return str(live_server.url)
+
+
+@pytest.fixture
+def record(tmp_path: Path) -> Path:
+    """The business system's records: one line per notice sent."""
+    path = tmp_path / "notices.txt"
+    path.touch()
+    return path
+
+
+def sent(record: Path) -> list[str]:
+    return record.read_text().splitlines()
+
+
+def api(url: str, token: str, method: str, path: str, body: Any = None) -> Any:
+    """One call of the console's JSON API, as a person's program makes it."""
+    connection = HTTPConnection(url.removeprefix("http://"), timeout=10)
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    connection.request(method, path, json.dumps(body) if body is not None else None, headers)
+    response = connection.getresponse()
+    answer = json.loads(response.read())
+    assert response.status < 300, answer
+    return answer
+
+
+class AgentProcess:
+    """``tests.console.attached_agent`` in a process of its own."""
+
+    def __init__(self, scenario: str, url: str, token: str, record: Path, *extra: str) -> None:
+        command = [
+            sys.executable, "-m", "tests.console.attached_agent", scenario,
+            "--url", url, "--token", token, "--record", str(record), *extra,
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_PROXY": "*"}
+        self.process = subprocess.Popen(  # noqa: S603 - our own script
+            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        _running.append(self.process)
+        assert self.process.stdout is not None
+        first = self.process.stdout.readline()
+        assert first, self.process.stderr.read() if self.process.stderr else "no output"
+        self.task = int(json.loads(first)["task"])
+
+    def outcome(self, timeout: float = 60) -> dict[str, Any]:
+        out, err = self.process.communicate(timeout=timeout)
+        assert self.process.returncode == 0, err
+        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        return result
+
+
+_running: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_agent_left_behind() -> Iterator[None]:
+    yield
+    while _running:
+        process = _running.pop()
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The client talks to the console on this machine; a proxy in the environment would not.
+    monkeypatch.setenv("NO_PROXY", "*")
+
+
+# -- one client, the protocol over real HTTP ---------------------------------------------------
+
+
+def test_a_remote_guard_stops_a_repeated_call_and_the_console_shows_the_trace_meanwhile(
+    url: str, token: Callable[[Role], str]
+) -> None:
+    secret, reader = token(Role.AGENT), token(Role.VIEWER)
+    seen: list[dict[str, Any]] = []
+    with RemoteGuard.start(
+        url, token=secret, agent="looper", tools={"status": "read"}, limits=LIMITS
+    ) as guard:
+        report: Report | None = None
+        while report is None:
+            if (report := guard.before_model()) is not None:
+                break
+            admitted = guard.before_tools(Call("status", {"service": "db"}))
+            if isinstance(admitted, Report):
+                report = admitted
+                break
+            assert isinstance(admitted, list)
+            (ticket,) = admitted
+            decision = guard.before_tool(ticket)
+            if decision.action is Action.STOP:
+                report = decision.report
+                break
+            # While it runs, the console shows the trace so far.
+            seen.append(api(url, reader, "GET", f"/api/tasks/{guard.task}"))
+            report = guard.after_tool(ticket, Result(Kind.SUCCESS, "db: degraded"), inspect=None)
+    assert report is not None and (report.state, report.reason) == ("PARTIAL", "same_call")
+    assert seen and seen[-1]["task"]["state"] == "RUNNING"
+    assert any(e["kind"] == "request" for e in seen[-1]["events"])
+    task = Task.objects.get(id=guard.task)
+    assert (task.state, task.reason, task.executions) == (TaskState.PARTIAL, "same_call", 2)
+    assert task.client  # marked attached, by its client
+
+
+def test_a_console_that_cannot_be_reached_lets_no_tool_run(
+    url: str, token: Callable[[Role], str]
+) -> None:
+    proxy = LosingProxy(url, lambda body: False)
+    guard = RemoteGuard.start(
+        proxy.url, token=token(Role.AGENT), agent="notifier", tools={"notify": "write"},
+        retries=1, sleep=lambda seconds: None, heartbeat=False,
+    )  # fmt: skip
+    assert guard.before_model() is None
+    (ticket,) = guard.before_tools(Call("notify", {"incident": 3}, "write", "incident-3"))
+    proxy.close()  # the console cannot be reached any more
+    with pytest.raises(ConsoleUnreachable):
+        guard.before_tool(ticket)
+    assert ticket.status != "executing"
+    assert not Operation.objects.filter(key="incident-3").exists()  # nothing was claimed
+    guard.close()
+
+
+class LosingProxy:
+    """A TCP proxy in front of the console that, once, forwards a request whose body
+    matches ``lose`` but closes the connection instead of relaying the answer (a response
+    lost on the way back); it remembers every request body it forwarded."""
+
+    def __init__(self, target: str, lose: Callable[[dict[str, Any]], bool]) -> None:
+        self.target = target.removeprefix("http://")
+        self.lose = lose
+        self.lost = 0
+        self.bodies: list[dict[str, Any]] = []
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+
+    def _relay(self, client: socket.socket) -> None:
+        with client:
+            reader = client.makefile("rb")
+            request_line = reader.readline().decode()
+            headers: dict[str, str] = {}
+            while (line := reader.readline().decode()) not in ("\r\n", "\n", ""):
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            body = reader.read(int(headers.get("content-length", "0")))
+            method, path, _ = request_line.split(" ", 2)
+            parsed = json.loads(body) if body else {}
+            self.bodies.append(parsed)
+            upstream = HTTPConnection(self.target, timeout=10)
+            keep = {k: v for k, v in headers.items() if k in ("authorization", "content-type")}
+            upstream.request(method, path, body, keep)
+            response = upstream.getresponse()
+            payload = response.read()
+            if not self.lost and self.lose(parsed):
+                self.lost += 1
+                return  # the console answered; the answer never arrives
+            head = f"HTTP/1.1 {response.status} {response.reason}\r\n"
+            head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+            client.sendall((head + "Connection: close\r\n\r\n").encode() + payload)
+
+    def close(self) -> None:
+        # shutdown() wakes the accept() blocked in the serving thread; close() alone would
+        # leave the listening socket open for as long as that call lasts.
+        try:
+            self.server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.server.close()
+
+
+def test_a_lost_answer_to_a_claim_is_retried_with_the_same_request_id_and_claims_once(
+    url: str, token: Callable[[Role], str], record: Path
+) -> None:
+    proxy = LosingProxy(url, lambda body: body.get("step") == "call")
+    try:
+        guard = RemoteGuard.start(
+            proxy.url, token=token(Role.AGENT), agent="notifier", tools={"notify": "write"},
+            limits=LIMITS,
+        )  # fmt: skip
+        with guard:
+            assert guard.before_model() is None
+            key = "incident-9-first-notice"
+            (ticket,) = guard.before_tools(Call("notify", {"incident": 9}, "write", key))
+            decision = guard.before_tool(ticket)
+            assert decision.action is Action.EXECUTE
+            record.write_text("sent once\n")
+            assert guard.after_tool(ticket, Result(Kind.SUCCESS, "sent"), inspect=None) is None
+    finally:
+        proxy.close()
+    calls = [body for body in proxy.bodies if body.get("step") == "call"]
+    assert proxy.lost == 1 and len(calls) == 2
+    assert calls[0] == calls[1]  # the retry is the same request: the same id, the same body
+    op = Operation.objects.get(key=key)
+    assert op.state == OperationState.COMMITTED and op.attempts == 1
+    assert OperationEvent.objects.filter(operation=op).count() == 2  # claimed, recorded
+    rid = calls[0]["request_id"]
+    assert StepRequest.objects.filter(task_id=guard.task, request_id=rid).count() == 1
+
+
+# -- agent processes: raced, losing a write, killed --------------------------------------------
+
+
+def test_two_processes_asking_for_the_same_write_at_once_send_it_once(
+    url: str, token: Callable[[Role], str], record: Path
+) -> None:
+    secret = token(Role.AGENT)
+    first = AgentProcess("send", url, secret, record, "--hold", "1.0")
+    second = AgentProcess("send", url, secret, record, "--hold", "1.0")
+    outcomes = [first.outcome(), second.outcome()]
+    assert len(sent(record)) == 1
+    executed = [o for o in outcomes if "execute" in o["actions"]]
+    assert len(executed) == 1
+    other = next(o for o in outcomes if o is not executed[0])
+    assert set(other["actions"]) == {"reuse"}  # PENDING while the first sent, then the result
+    assert Operation.objects.get(key="incident-7-first-notice").attempts == 1
+
+
+def test_a_lost_write_is_reconciled_resumed_and_reused_by_a_new_process(
+    url: str, token: Callable[[Role], str], record: Path
+) -> None:
+    agent, reconciler, approver = token(Role.AGENT), token(Role.RECONCILER), token(Role.APPROVER)
+    lost = AgentProcess("lose", url, agent, record)
+    outcome = lost.outcome()
+    assert (outcome["state"], outcome["actions"]) == ("NEEDS_HUMAN", ["execute"])
+    key = "incident-7-first-notice"
+    queue = api(url, reconciler, "GET", "/api/operations")
+    assert key in [op["key"] for op in queue["operations"]]
+    api(url, reconciler, "POST", f"/api/operations/{key}/resolve", {
+        "committed": True, "evidence": "the notice is in the outbox",
+        "result": {"notice": "sent for incident 7"},
+    })  # fmt: skip
+    api(url, approver, "POST", f"/api/tasks/{lost.task}/resume", {"reason": "reconciled"})
+    again = AgentProcess("send", url, agent, record, "--task", str(lost.task))
+    resumed = again.outcome()
+    assert resumed["actions"] == ["reuse"]
+    assert resumed["state"] == "PARTIAL"  # no inspector: finished, goal unverified
+    assert len(sent(record)) == 1  # nothing sent twice
+    task = Task.objects.get(id=lost.task)
+    assert task.phase == 2 and task.executions == 1
+
+
+def test_a_client_killed_mid_write_leaves_it_unknown_once_its_lease_expires(
+    url: str, token: Callable[[Role], str], record: Path, settings: Any
+) -> None:
+    settings.LOOPGUARD_ATTACHED_LEASE_SECONDS = 1.5
+    hung = AgentProcess("hang", url, token(Role.AGENT), record)
+    wait_for(lambda: len(sent(record)) == 1, timeout=30, what="the notice being sent")
+    os.kill(hung.process.pid, signal.SIGKILL)
+    hung.process.wait(timeout=10)
+    key = "incident-7-first-notice"
+    assert Operation.objects.get(key=key).state == OperationState.IN_FLIGHT
+    wait_for(
+        lambda: runner.sweep(lambda _: None)["recovered"] == 1,
+        timeout=30,
+        what="the sweep to find the expired lease",
+    )
+    task = Task.objects.get(id=hung.task)
+    assert (task.state, task.reason) == (TaskState.NEEDS_HUMAN, "unknown_commit")
+    assert Operation.objects.get(key=key).state == OperationState.UNKNOWN
+
