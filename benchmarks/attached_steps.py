@@ -65,7 +65,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -108,8 +108,9 @@ columns:
   PG CPU              ms per step of the PostgreSQL backends serving the run
                       (/proc/<pid>/schedstat); n/a when the server is not on this machine
   total CPU           client + web + PG, ms per step
-  requests/step       step requests the console answered and stored / steps (5 per step,
-                      and the finish once per task)
+  requests/step       step requests the console answered and stored / steps: 5 per step,
+                      less 1 per task (the last result answers the stop, COMPLETED, so
+                      its wait is not asked, nor a finish)
 
 Then "attached / hosted": the 1-client attached step against the hosted step, wall ms and
 total CPU ms, each against the target (<= {TARGET:g}x), and the milliseconds the remote
@@ -351,46 +352,54 @@ class _Mix:
 
 
 def drive_attached(guard: RemoteGuard, mix: _Mix) -> str:
-    """Drive the task step by step (five requests each), then finish; its state/reason."""
+    """Drive the task step by step (five requests each) to its stop; its state/reason.
+
+    The last step's evidence says the goal is done, so its ``result`` already answers the
+    stop (``COMPLETED``/``goal_met``), as the hosted runner's last ``after_tool`` does; the
+    client then knows it is over and asks nothing more (no wait, no finish). A stop before
+    the last step is named with its step.
+    """
     for n in range(1, mix.job.steps + 1):
-        if (stop := guard.before_model()) is not None:
-            return f"{stop.state}/{stop.reason} at step {n}"
-        admitted = guard.before_tools(mix.plan(n))
-        if not isinstance(admitted, list):
-            return f"{admitted!r} at step {n}"  # a nudge or a stop: the run is broken
-        (ticket,) = admitted
-        decision = guard.before_tool(ticket)
-        if decision.action is not Action.EXECUTE:
-            return f"{decision.action} at step {n}"
-        if (
-            stop := guard.after_tool(ticket, mix.run(ticket.call), inspect=mix.inspect)
-        ) is not None:
-            return f"{stop.state}/{stop.reason} at step {n}"
-        waited = guard.before_wait()
-        if not isinstance(waited, float):
-            return f"{waited.state}/{waited.reason} at step {n}"
+        stop = guard.before_model()
+        if stop is None:
+            admitted = guard.before_tools(mix.plan(n))
+            if not isinstance(admitted, list):
+                return f"{admitted!r} at step {n}"  # a nudge or a stop: the run is broken
+            (ticket,) = admitted
+            decision = guard.before_tool(ticket)
+            if decision.action is not Action.EXECUTE:
+                return f"{decision.action} at step {n}"
+            stop = guard.after_tool(ticket, mix.run(ticket.call), inspect=mix.inspect)
+        if stop is None:
+            waited = guard.before_wait()
+            stop = None if isinstance(waited, float) else waited
+        if stop is not None:
+            return f"{stop.state}/{stop.reason}" + ("" if n == mix.job.steps else f" at step {n}")
     report = guard.finish(Finish(f"{mix.job.steps} steps"), mix.inspect)
-    return f"{report.state}/{report.reason}"
+    return f"{report.state}/{report.reason} at the finish"
 
 
 def client_main(pipe: Connection, base_url: str, token: str, database_url: str) -> None:
-    """A client process: start a task and report ready, drive it on "go", report."""
-    pipe.send("ready")
-    while (job := pipe.recv()) is not None:
-        assert isinstance(job, AttachedJob)  # noqa: S101 (our own pipe)
-        guard = RemoteGuard.start(
-            base_url,
-            token=token,
-            agent=AGENT,
-            tools=TOOLS,
-            client=CLIENT,
-            input={"steps": job.steps, "run": job.run},
-            limits=_limits(job.steps),
-            heartbeat=False,
-        )
-        # A connection of its own, warm (and its statements prepared) before the window.
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            for _ in range(6):
+    """A client process: start a task and report ready, drive it on "go", report.
+
+    Its database connection (for the tools) lives as long as the process: a backend that
+    left before the parent read its CPU time would go uncounted.
+    """
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        pipe.send("ready")
+        while (job := pipe.recv()) is not None:
+            assert isinstance(job, AttachedJob)  # noqa: S101 (our own pipe)
+            guard = RemoteGuard.start(
+                base_url,
+                token=token,
+                agent=AGENT,
+                tools=TOOLS,
+                client=CLIENT,
+                input={"steps": job.steps, "run": job.run},
+                limits=_limits(job.steps),
+                heartbeat=False,
+            )
+            for _ in range(6):  # warm, its statement prepared, before the window
                 conn.execute(rt._RAW_READ, [rt.COLLECTION, 1]).fetchone()
             mix = _Mix(conn, job)
             pipe.send("ready")
@@ -399,8 +408,9 @@ def client_main(pipe: Connection, base_url: str, token: str, database_url: str) 
             cpu, started = time.process_time(), time.perf_counter()
             outcome = drive_attached(guard, mix)
             finished, cpu = time.perf_counter(), time.process_time() - cpu
-        guard.close()
-        pipe.send(ClientRun(guard.task, job.steps, started, finished, cpu, len(mix.sent), outcome))
+            guard.close()
+            run = ClientRun(guard.task, job.steps, started, finished, cpu, len(mix.sent), outcome)
+            pipe.send(run)
 
 
 class Clients:
@@ -501,7 +511,6 @@ class Checked:
     notices: int = 0
     twice: int = 0
     operations: int = 0
-    problems: list[str] = field(default_factory=list)
 
 
 def _backends(observer: psycopg.Connection[Any], database: str) -> set[int]:
@@ -575,44 +584,49 @@ def check_attached(
     runs: Sequence[ClientRun],
     checked: Checked,
 ) -> None:
-    """What the run left: every task completed with one execution per step, one notice
-    per write and each key once, one committed operation per write, claimed once."""
+    """What the run left, task by task: ``COMPLETED``/``goal_met`` (and the client heard
+    so at the last step), one execution per step, one notice per write and each key once,
+    one operation per write committed at its first attempt, and every request asked once
+    (5 per step, less the last step's wait)."""
     for job, run in zip(jobs, runs, strict=True):
         writes = job.steps // 2
-        task = observer.execute(
-            "SELECT state, reason, executions FROM console_task WHERE id = %s", [run.task]
+        row = observer.execute(
+            """
+            SELECT t.state, t.reason, t.executions,
+                (SELECT count(*) FROM desk_notice WHERE idempotency_key LIKE %(keys)s),
+                (SELECT count(DISTINCT idempotency_key) FROM desk_notice
+                 WHERE idempotency_key LIKE %(keys)s),
+                (SELECT count(*) FROM console_operation
+                 WHERE task_id = t.id AND state = 'COMMITTED' AND attempts = 1),
+                (SELECT count(*) FROM console_steprequest
+                 WHERE task_id = t.id AND step <> 'start')
+            FROM console_task t WHERE t.id = %(task)s
+            """,
+            {"keys": f"attached-{job.run}-notice-%", "task": run.task},
         ).fetchone()
-        notices = observer.execute(
-            "SELECT count(*), count(DISTINCT idempotency_key) FROM desk_notice"
-            " WHERE idempotency_key LIKE %s",
-            [notice_key(job.run, 0).removesuffix("0") + "%"],
-        ).fetchone()
-        operations = observer.execute(
-            "SELECT count(*) FILTER (WHERE state = 'COMMITTED' AND attempts = 1)"
-            " FROM console_operation WHERE task_id = %s",
-            [run.task],
-        ).fetchone()
-        assert task is not None and notices is not None and operations is not None  # noqa: S101
-        state, reason, executions = str(task[0]), str(task[1]), int(task[2])
+        if row is None:
+            raise SystemExit(f"task {run.task} is missing")
+        state, reason = str(row[0]), str(row[1])
+        executions, notices, keys, operations, requests = (int(v) for v in row[2:])
         checked.tasks += 1
         checked.steps += job.steps
         checked.executions += executions
         checked.writes += writes
-        checked.notices += int(notices[0])
-        checked.twice += int(notices[0]) - int(notices[1])
-        checked.operations += int(operations[0])
+        checked.notices += notices
+        checked.twice += notices - keys
+        checked.operations += operations
         found = (
-            f"task {run.task}: {state}/{reason} (client: {run.outcome}), {executions} "
-            f"executions for {job.steps} steps, {notices[0]} notices for {writes} writes, "
-            f"{operations[0]} operations committed at the first attempt"
+            f"task {run.task}: {state}/{reason} (the client heard {run.outcome}), "
+            f"{executions} executions for {job.steps} steps, {notices} notices ({keys} keys) "
+            f"for {writes} writes, {operations} operations committed at the first attempt, "
+            f"{requests} step requests"
         )
-        expected = (state, reason, executions, int(notices[0]), int(notices[1]))
-        if (
-            expected != ("COMPLETED", "goal_met", job.steps, writes, writes)
-            or int(operations[0]) != writes
-        ):
-            checked.problems.append(found)
+        asked = REQUESTS_PER_STEP * job.steps - 1
+        expected = ("COMPLETED/goal_met", job.steps, writes, writes, writes, asked)
+        if (f"{state}/{reason}", executions, notices, keys, operations, requests) != expected:
             raise SystemExit(f"an attached run did not end as it should: {found}")
+        if run.outcome != "COMPLETED/goal_met" or run.sent != writes:
+            raise SystemExit(f"an attached client did not end as it should: {found}")
 
 
 # -- the report ----------------------------------------------------------------------------------

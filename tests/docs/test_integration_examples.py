@@ -27,17 +27,17 @@ GUIDE = Path(__file__).resolve().parents[2] / "docs" / "agent-guide.md"
 SECTION = "## Guard an agent you already have"
 
 
-def section() -> str:
-    """The guide's section on framework agents, up to the next section of its level."""
+def section(title: str = SECTION) -> str:
+    """The guide's section ``title``, up to the next section of its level."""
     text = GUIDE.read_text(encoding="utf-8")
-    assert text.count(f"\n{SECTION}\n") == 1, f"the agent guide must hold one {SECTION!r}"
-    body = text.split(f"\n{SECTION}\n", 1)[1]
+    assert text.count(f"\n{title}\n") == 1, f"the agent guide must hold one {title!r}"
+    body = text.split(f"\n{title}\n", 1)[1]
     return re.split(r"^## ", body, maxsplit=1, flags=re.M)[0]
 
 
-def example_source(name: str) -> str:
+def example_source(name: str, title: str = SECTION) -> str:
     """The one fenced Python block of the section marked ``# example: <name>``."""
-    blocks: list[str] = re.findall(r"^```python\n(.*?)^```", section(), flags=re.S | re.M)
+    blocks: list[str] = re.findall(r"^```python\n(.*?)^```", section(title), flags=re.S | re.M)
     marker = re.compile(rf"^# example: {re.escape(name)}$", re.M)
     found = [block for block in blocks if marker.search(block)]
     assert len(found) == 1, f"the section must hold exactly one '# example: {name}' block"
@@ -49,15 +49,22 @@ def promised_output(source: str) -> list[str]:
     return [m.strip() for m in re.findall(r"^print\(.*\)\s+# (.+)$", source, flags=re.M)]
 
 
-def run_example(name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], list[str]]:
-    """Execute the example as a module of its own: its namespace and the lines it printed."""
+def run_example(
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    title: str = SECTION,
+    given: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """Execute the example as a module of its own (holding ``given`` first): its namespace
+    and the lines it printed."""
     module = types.ModuleType(f"loopguard_docs_{name.replace('-', '_')}")
+    module.__dict__.update(given or {})
     module.__file__ = str(GUIDE)
     # Classes the example defines name this module; some libraries look them up there.
     monkeypatch.setitem(sys.modules, module.__name__, module)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(example_source(name), str(GUIDE), "exec"), module.__dict__)  # noqa: S102 - our own docs
+        exec(compile(example_source(name, title), str(GUIDE), "exec"), module.__dict__)  # noqa: S102 - our own docs
     return module.__dict__, out.getvalue().splitlines()
 
 
