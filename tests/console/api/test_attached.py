@@ -441,3 +441,41 @@ def test_a_tool_the_client_did_not_declare_is_a_bad_call(started: Client) -> Non
     started.step("model")
     stop = started.step("tools", calls=[{"tool": "delete_everything", "args": {}}])["stop"]
     assert stop["reason"] == "bad_call"
+
+
+def test_a_write_without_an_operation_key_is_stopped_before_anything_is_claimed(
+    started: Client,
+) -> None:
+    started.step("model")
+    stop = started.step("tools", calls=[{"tool": "refund", "args": {"cents": 1}}])["stop"]
+    assert stop["reason"] == "missing_operation_key"
+    assert not Operation.objects.exists()
+
+
+def test_what_is_not_a_result_is_a_bad_result(started: Client) -> None:
+    started.call("lookup", {"n": 1})
+    wrong = {"kind": "<not a result>", "data": "<object at 0x1>"}
+    stop = started.step("result", ticket=0, result=wrong)["stop"]
+    assert (stop["state"], stop["reason"]) == ("FAILED", "bad_result")
+
+
+def test_an_inspector_that_failed_in_the_client_stops_as_untrusted_evidence(
+    started: Client,
+) -> None:
+    started.call("lookup", {"n": 1})
+    evidence = {"error": "RuntimeError: the records did not answer"}
+    stop = started.step("result", ticket=0, result={"kind": "SUCCESS"}, evidence=evidence)["stop"]
+    assert stop["reason"] == "invalid_evidence"
+    assert "the records did not answer" in stop["detail"]
+
+
+def test_a_heartbeat_renews_the_lease_and_says_whether_a_stop_is_asked(
+    started: Client, caller: Callable[..., Caller]
+) -> None:
+    before = _task(started).lease_expires_at
+    beat = started.step("heartbeat")
+    assert beat["stop_requested"] is False and beat["lease_seconds"] == 10.0
+    assert _task(started).lease_expires_at > before
+    services.task_stop(task_id=started.task, actor=caller(Role.OPERATOR).user, reason="x")
+    assert started.step("heartbeat")["stop_requested"] is True
+    assert not StepRequest.objects.filter(task_id=started.task, step="heartbeat").exists()
