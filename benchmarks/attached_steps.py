@@ -710,7 +710,11 @@ def print_report(
         print(f"{label:<20}" + "".join(f"{_cell(h, numbers[h]):>{width}}" for h in HEADS))
     lost = sum(r.lost_backends for rows in results.values() for r in rows)
     if lost:
-        print(f"{lost} backend(s) disconnected before their CPU time was read (not counted)")
+        print(
+            f"{lost} backend(s) disconnected before their CPU time was read (not counted; "
+            "a web thread's connection older than CONN_MAX_AGE, 60 s, is replaced at its "
+            "next request)"
+        )
     print()
     hosted, one = table[HOSTED], table[label_of(1)]
     wall = one["ms/step"] or float("nan")

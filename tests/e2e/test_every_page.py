@@ -21,9 +21,9 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from playwright.sync_api import Page, expect
 
-from console import runner
+from console import attached, runner
 from console.demo.desk import seed_demo_data
-from console.models import Approval, Operation, OperationState, TaskState
+from console.models import Approval, Operation, OperationState, Task, TaskState
 from console.roles import Role, assign
 from console.services import task_start
 from tests.console.held import REFUND
@@ -156,7 +156,18 @@ def objects(everyone: User) -> dict[str, Any]:
     )
     assert runner.drive(refund.id) == "NEEDS_HUMAN/approval_required"
     approval = Approval.objects.get(task=refund)
-    return {"tasks": [read, doubt, refund], "operation": operation, "approval": approval}
+    # An attached agent's task, running, its client's long name shown on a phone too.
+    answer, _ = attached.attached_start(
+        actor=everyone,
+        request_id="every-page",
+        lease="e2e:attached",
+        agent="incident-bot",
+        client="incident-service/2.14.0 (langchain 1.2; guard.remote/1) on worker-eu-west-1a",
+        tools={"read_incident": "read", "notify": "write"},
+        fingerprint="every-page",
+    )
+    tasks = [read, doubt, refund, Task.objects.get(id=answer["task"])]
+    return {"tasks": tasks, "operation": operation, "approval": approval}
 
 
 def _patterns(

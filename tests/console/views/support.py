@@ -27,15 +27,17 @@ PERSONAS: dict[str, tuple[Role, ...]] = {
     "operator": (Role.OPERATOR,),
     "reconciler": (Role.RECONCILER,),
     "approver": (Role.APPROVER,),
+    "agent": (Role.AGENT,),  # an attached agent's process: it may read, and drive its tasks
     "admin": (Role.ADMIN,),
     "nobody": (),  # signed in, but holds no role
 }
-READERS = ("viewer", "operator", "reconciler", "approver", "admin")
+READERS = ("viewer", "operator", "reconciler", "approver", "agent", "admin")
 MAY = {
     "start": ("operator", "admin"),
     "stop": ("operator", "admin"),
     "reconcile": ("reconciler", "admin"),
     "approve": ("approver", "admin"),
+    "drive": ("agent", "admin"),
 }
 
 

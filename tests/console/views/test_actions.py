@@ -219,6 +219,7 @@ CONTROLS_OF = {
     "operator": {"start", "stop"},
     "reconciler": {"resolve", "lookup"},
     "approver": {"approve"},
+    "agent": set(),  # it drives its own tasks over the API, not through these pages
     "admin": {"start", "stop", "resolve", "lookup", "approve"},
 }
 

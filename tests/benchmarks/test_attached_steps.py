@@ -1,0 +1,93 @@
+"""benchmarks/attached_steps.py: where it works, what it prints, and that the attached runs
+it times did their work exactly once.
+
+The benchmark prints numbers and fails on no target; what it must get right is that every
+attached task it drove over HTTP ended as the hosted one does (the script checks each and
+stops otherwise, and prints the totals), and that it leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import psycopg
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "attached_steps.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("attached_steps", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load()
+
+
+def test_it_works_in_a_database_of_its_own_beside_the_one_database_url_names() -> None:
+    where = bench.Scratch.from_url("postgres://lg:secret@db.internal:6543/shop?sslmode=require")
+
+    assert where.name == "shop_attached"
+    assert where.url == "postgres://lg:secret@db.internal:6543/shop_attached?sslmode=require"
+    assert where.server == "postgres://lg:secret@db.internal:6543/postgres?sslmode=require"
+
+
+def test_it_refuses_a_database_url_that_is_not_postgresql() -> None:
+    with pytest.raises(SystemExit, match="PostgreSQL"):
+        bench.Scratch.from_url("sqlite:///loopguard.sqlite3")
+
+
+def test_its_help_says_what_every_column_and_row_means() -> None:
+    done = subprocess.run(  # noqa: S603 - our own script
+        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True
+    )
+
+    for name in (*bench.HEADS, bench.HOSTED, "attached, N clients", "attached / hosted"):
+        assert name in done.stdout
+    for option in ("--steps", "--clients", "--quick", "--rounds"):
+        assert option in done.stdout
+
+
+@pytest.mark.slow
+def test_a_small_run_prints_every_row_and_every_attached_task_did_its_steps_once() -> None:
+    env = {**os.environ}
+    env.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/loopguard")
+    done = subprocess.run(  # noqa: S603 - our own script
+        [sys.executable, str(SCRIPT), "--steps", "6", "--clients", "1,2", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    number = r"\s+[\d.]+"
+    assert re.search(rf"^hosted, 1 worker(?:{number}){{2}}{number}\s+-(?:{number}){{2}}\s+-$",
+                     out, re.MULTILINE), out  # fmt: skip
+    for row in ("attached, 1 client ", "attached, 2 clients"):
+        # Every column measured: steps/s ... total CPU, and 4.83 requests a step (5 for each
+        # of the 6 steps, less the last step's wait: its result already answered the stop).
+        assert re.search(rf"^{row}(?:{number}){{6}}\s+4\.83$", out, re.MULTILINE), out
+    assert "attached / hosted step (1 client vs 1 worker): wall " in out
+    assert "total CPU " in out and "target <= 2x" in out
+    # 1 + 2 tasks of 6 steps, 3 writes each: each step executed once, each notice sent once.
+    assert (
+        "checked: 3 attached tasks COMPLETED/goal_met, executions 18 for 18 steps; "
+        "notices 9 sent for 9 writes, 0 sent twice; 9 operations committed at the first attempt"
+    ) in out
+
+    where = bench.Scratch.from_url(env["DATABASE_URL"])
+    with psycopg.connect(where.server, autocommit=True) as admin:
+        left = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [where.name])
+        assert left.fetchone() is None
