@@ -33,7 +33,18 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import DatabaseError, transaction
 
-from guard import Call, Evidence, Finish, Guard, Nudge, Reason, Report, Result, State
+from guard import (
+    Call,
+    Evidence,
+    Finish,
+    Guard,
+    Nudge,
+    OperationState,
+    Reason,
+    Report,
+    Result,
+    State,
+)
 from guard.steps import Action, Ticket, canonical_json
 
 from . import services, trace
@@ -196,6 +207,8 @@ def attached_step(
 
 def _step(task: Task, lease: str, step: str, fields: Mapping[str, Any]) -> dict[str, Any]:
     if task.is_terminal:
+        if step == "result":
+            _settle_late(task, fields)
         return _stopped(task)  # terminal is sticky: every later step hears the same report
     store = open_store(task.id, lease)
     taken = store.take_lease(lease_seconds())
@@ -205,6 +218,38 @@ def _step(task: Task, lease: str, step: str, fields: Mapping[str, Any]) -> dict[
             return _stopped(now)
         raise ProtocolRefused("lease_held", f"task {task.id}: {taken}")
     return _Driver(taken, store).run(step, fields)
+
+
+def _settle_late(task: Task, fields: Mapping[str, Any]) -> None:
+    """The result of a write that was executing when another call of its model call stopped
+    the task (a client running a batch at once): its operation is still ``IN_FLIGHT`` and
+    must be settled by what the client reports — ``COMMITTED``, or ``UNKNOWN`` for a human —
+    not left for nobody. The stop stands; only the ledger moves (once: a write settled
+    already, or a read, is left as it is)."""
+    checkpoint = task.checkpoint if isinstance(task.checkpoint, dict) else {}
+    if checkpoint.get("phase") != task.phase or "steps" not in checkpoint.get("guard", {}):
+        return
+    store = open_store(task.id, task.lease_owner or f"settling:{task.id}")
+    ledger = DatabaseLedger(store=store)
+    guard = Guard.restore(
+        dict(checkpoint["guard"]),
+        limits_of(task),
+        now=_wall_ms,
+        wait=_no_wait,
+        ledger=ledger,
+        tools=dict(task.tools),
+        transient=_transient,
+    )
+    index = fields.get("ticket")
+    ticket = next((t for t in guard.tickets if t.index == index), None)
+    if ticket is None or str(ticket.status) != "executing" or ticket.call.effect != "write":
+        return
+    key = ticket.call.operation_key or ""
+    entry = ledger.get(key)
+    if entry is None or entry.state is not OperationState.IN_FLIGHT:
+        return
+    outcome, error = _outcome(fields.get("result"), fields.get("error"))
+    guard.after_tool(ticket, outcome, error=error, inspect=_inspector(fields.get("evidence")))
 
 
 def _stopped(task: Task) -> dict[str, Any]:

@@ -9,6 +9,7 @@ the console's ledger stands between a retry and a second notice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -226,10 +227,8 @@ class LosingProxy:
     def close(self) -> None:
         # shutdown() wakes the accept() blocked in the serving thread; close() alone would
         # leave the listening socket open for as long as that call lasts.
-        try:
+        with contextlib.suppress(OSError):
             self.server.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self.server.close()
 
 

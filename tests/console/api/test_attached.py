@@ -479,3 +479,28 @@ def test_a_heartbeat_renews_the_lease_and_says_whether_a_stop_is_asked(
     services.task_stop(task_id=started.task, actor=caller(Role.OPERATOR).user, reason="x")
     assert started.step("heartbeat")["stop_requested"] is True
     assert not StepRequest.objects.filter(task_id=started.task, step="heartbeat").exists()
+
+
+def test_a_write_running_when_its_sibling_stopped_the_task_is_still_settled(
+    started: Client, caller: Callable[..., Caller]
+) -> None:
+    started.step("model")
+    calls = [
+        {"tool": "refund", "args": {"cents": 2}, "operation_key": "mine"},
+        {"tool": "refund", "args": {"cents": 3}, "operation_key": "next"},
+    ]
+    started.step("tools", calls=calls)
+    assert started.step("call", ticket=0)["action"] == "execute"
+    # The client runs its batch at once; meanwhile an operator presses Stop.
+    services.task_stop(task_id=started.task, actor=caller(Role.OPERATOR).user, reason="halt")
+    stop = started.step("call", ticket=1)["stop"]
+    assert stop["reason"] == "operator_stop"
+    assert Operation.objects.get(key="mine").state == OperationState.IN_FLIGHT
+    late = started.step("result", ticket=0, result={"kind": "SUCCESS", "data": "refunded"})
+    assert late["stop"]["reason"] == "operator_stop"  # the stop stands
+    mine = Operation.objects.get(key="mine")
+    assert mine.state == OperationState.COMMITTED and mine.result["data"] == "refunded"
+    again = started.step("result", ticket=0, result={"kind": "SUCCESS", "data": "twice"})
+    assert again["state"] == "CANCELLED"
+    assert Operation.objects.get(key="mine").result["data"] == "refunded"  # settled once
+    assert not Operation.objects.filter(key="next").exists()
