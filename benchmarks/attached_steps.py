@@ -32,8 +32,10 @@ CPU is counted per process group over each window: the client (the hosted worker
 or the attached client processes: ``time.process_time``, all threads); the gunicorn
 workers (``/proc/<pid>/stat`` utime + stime of every worker of the master, summed; its
 resolution is the kernel's tick, 10 ms, so short runs read coarse); and the PostgreSQL
-backends serving the run (``/proc/<pid>/schedstat``: for hosted, the worker's; for attached,
-every backend on the benchmark database, the web workers' and the clients' own). Requests
+backends serving the run (``/proc/<pid>/schedstat``: for hosted, the worker's, read at both
+ends of the window; for attached, every backend on the benchmark database, the web threads'
+and the clients' own, read every 0.1 s so that a web connection replaced inside the window,
+past its ``CONN_MAX_AGE`` of 60 s, still counts up to its last reading). Requests
 per step are the step requests the console stored for the run's tasks (one per answered
 request; a retry of the same request is stored once).
 
@@ -60,6 +62,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -513,12 +516,65 @@ class Checked:
     operations: int = 0
 
 
-def _backends(observer: psycopg.Connection[Any], database: str) -> set[int]:
-    rows = observer.execute(
-        "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-        [database],
-    ).fetchall()
-    return {int(row[0]) for row in rows}
+class BackendSampler:
+    """The CPU time of every backend on one database over a window, read every
+    ``interval`` seconds by a thread of its own.
+
+    Unlike ``runner_throughput.BackendClock`` (read at both ends of the window), a backend
+    that leaves inside the window still counts, up to its last reading: a web thread's
+    connection older than ``CONN_MAX_AGE`` (60 s) is closed after a request and a new one
+    opened, which a long run at many clients does to every web thread. One that connects
+    inside the window counts from nothing (its fork and start-up are part of the cost).
+    The sampler's own session is on the ``postgres`` database, so it is never counted.
+    """
+
+    def __init__(self, server_url: str, database: str, interval: float = 0.1) -> None:
+        self._conn = psycopg.connect(server_url, autocommit=True)
+        self._database = database
+        self._interval = interval
+        self._first: dict[int, float] = {}
+        self._last: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.exclude: set[int] = set()  # sessions of the benchmark's own (its observer)
+
+    def _read(self) -> dict[int, float]:
+        rows = self._conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s", [self._database]
+        ).fetchall()
+        readings = {}
+        for (pid,) in rows:
+            cpu = None if pid in self.exclude else rt.backend_cpu(int(pid))
+            if cpu is not None:
+                readings[int(pid)] = cpu
+        return readings
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._last.update(self._read())
+
+    def start(self) -> None:
+        """Read every backend now, then keep reading until ``stop``."""
+        self._first = self._read()
+        self._last = dict(self._first)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="backend-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> float | None:
+        """CPU seconds of the database's backends since ``start`` (None: none could be
+        read, the server is not on this machine)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._last.update(self._read())
+        if not self._last:
+            return None
+        return sum(cpu - self._first.get(pid, 0.0) for pid, cpu in self._last.items())
+
+    def close(self) -> None:
+        """Close the sampler's session."""
+        self._conn.close()
 
 
 def hosted_row(pool: rt.Pool, stats: rt.ServerStats, steps: int) -> Row:
@@ -540,7 +596,7 @@ def attached_row(
     clients: Clients,
     web: Web,
     observer: psycopg.Connection[Any],
-    scratch: Scratch,
+    sampler: BackendSampler,
     count: int,
     steps: int,
     checked: Checked | None,
@@ -548,16 +604,12 @@ def attached_row(
     """One run of ``count`` attached clients released together; checked afterwards (when
     ``checked`` is given; a warm-up is not)."""
     jobs = clients.prepare(count, steps)
-    # Every backend on the benchmark database: the web workers' (persistent connections)
-    # and the clients' own. One that connects inside the window counts from nothing.
-    backends = _backends(observer, scratch.name)
-    clock = rt.BackendClock(backends)
-    clock.start()
+    # Every backend on the benchmark database: the web threads' and the clients' own.
+    sampler.start()
     web_before = web.cpu()
     runs = clients.go(count)
     web_cpu = web.cpu() - web_before
-    backends |= _backends(observer, scratch.name)
-    pg_cpu, lost = clock.stop()
+    pg_cpu = sampler.stop()
     web.check()
     tasks = [r.task for r in runs]
     row = observer.execute(
@@ -574,7 +626,6 @@ def attached_row(
         web_cpu=web_cpu,
         pg_cpu=pg_cpu,
         requests=None if row is None else int(row[0]),
-        lost_backends=lost,
     )
 
 
@@ -677,7 +728,7 @@ def summary(rows: Sequence[Row]) -> dict[str, float | None]:
 def _cell(head: str, value: float | None) -> str:
     if value is None:  # not part of the row (hosted), or not measurable here
         return "-" if head in ("web CPU", "requests/step") else "n/a"
-    digits = {"steps/s": 1, "ms/step": 2, "requests/step": 2}.get(head, 3)
+    digits = {"steps/s": 1, "ms/step": 2}.get(head, 3)
     return f"{value:.{digits}f}"
 
 
@@ -711,9 +762,7 @@ def print_report(
     lost = sum(r.lost_backends for rows in results.values() for r in rows)
     if lost:
         print(
-            f"{lost} backend(s) disconnected before their CPU time was read (not counted; "
-            "a web thread's connection older than CONN_MAX_AGE, 60 s, is replaced at its "
-            "next request)"
+            f"hosted: {lost} backend(s) disconnected before their CPU time was read (not counted)"
         )
     print()
     hosted, one = table[HOSTED], table[label_of(1)]
@@ -828,36 +877,35 @@ def _measure(
     facts = rt.server_facts(scratch.url)
     connections.close_all()  # nothing of this process's on the database while timing
 
-    web = Web(scratch.url, options.web_workers, options.threads, folder / "gunicorn.log")
-    stats = rt.ServerStats(scratch.server, scratch.name, f"{scratch.name}_none")
-    observer = psycopg.connect(scratch.url, autocommit=True)
-    started: list[Any] = []
     checked = Checked()
-    try:
-        web.wait_ready()
-        pool = rt.Pool(scratch.url, None, 1)
-        started.append(pool)
-        clients = Clients(web.url, token, scratch.url, max(counts))
-        started.append(clients)
-        # Warm up unmeasured: imports, caches, prepared statements, and every web thread's
-        # connection (gthread: each thread keeps its own).
-        pool.run(rt.GUARDED, 1, 20, stats, measure=False)
-        attached_row(clients, web, observer, scratch, max(counts), 10, None)
-        results: dict[str, list[Row]] = {HOSTED: [], **{label_of(c): [] for c in counts}}
-        for _ in range(rounds):  # interleaved, so that a noisy spell hits every row
-            results[HOSTED].append(hosted_row(pool, stats, steps))
-            for count in counts:
-                row = attached_row(clients, web, observer, scratch, count, steps, checked)
-                results[label_of(count)].append(row)
-    except BaseException:
-        print(web.log_tail(), file=sys.stderr)
-        raise
-    finally:
-        for each in reversed(started):
-            each.close()
-        observer.close()
-        stats.close()
-        web.stop()
+    with contextlib.ExitStack() as stack:  # unwound in reverse: clients first, gunicorn last
+        web = Web(scratch.url, options.web_workers, options.threads, folder / "gunicorn.log")
+        stack.callback(web.stop)
+        stats = rt.ServerStats(scratch.server, scratch.name, f"{scratch.name}_none")
+        stack.callback(stats.close)
+        observer = stack.enter_context(psycopg.connect(scratch.url, autocommit=True))
+        sampler = BackendSampler(scratch.server, scratch.name)
+        stack.callback(sampler.close)
+        sampler.exclude.add(int(observer.info.backend_pid))
+        try:
+            web.wait_ready()
+            pool = rt.Pool(scratch.url, None, 1)
+            stack.callback(pool.close)
+            clients = Clients(web.url, token, scratch.url, max(counts))
+            stack.callback(clients.close)
+            # Warm up unmeasured: imports, caches, prepared statements, and every web
+            # thread's connection (gthread: each thread keeps its own).
+            pool.run(rt.GUARDED, 1, 20, stats, measure=False)
+            attached_row(clients, web, observer, sampler, max(counts), 10, None)
+            results: dict[str, list[Row]] = {HOSTED: [], **{label_of(c): [] for c in counts}}
+            for _ in range(rounds):  # interleaved, so that a noisy spell hits every row
+                results[HOSTED].append(hosted_row(pool, stats, steps))
+                for count in counts:
+                    row = attached_row(clients, web, observer, sampler, count, steps, checked)
+                    results[label_of(count)].append(row)
+        except BaseException:
+            print(web.log_tail(), file=sys.stderr)
+            raise
     load = (load_before, os.getloadavg()[0])
     print_report(steps, rounds, web, options.threads, results, checked, load, facts)
     return 0
