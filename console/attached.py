@@ -60,6 +60,13 @@ PROTOCOL = 1
 
 STEPS = ("model", "tools", "call", "result", "wait", "finish", "failed", "halt", "heartbeat")
 MAX_CALLS = 64
+# What one step may report, bounded where the database's columns are (a trace event's
+# tokens are a 32-bit integer; the task's counters 64-bit).
+MAX_TOKENS = 10**9  # of one model call
+MAX_AMOUNT = 10**15  # a reservation or a cost, in the spend budget's minor unit
+MAX_ATTEMPTS = 10_000  # a tool's own tries in one execution
+MAX_WAIT_MS = 7 * 24 * 3600 * 1000  # a week
+MAX_REVISION = 2**53
 # Reasons a client may stop its own task for (what the integrations find outside the
 # guard); the console's own (an operator's stop, approvals) are not the client's to claim.
 HALT_REASONS = frozenset(Reason) - {
@@ -125,7 +132,8 @@ def attached_start(
             hashlib.sha256(f"attached\x00{actor.pk}\x00{request_id}".encode()).hexdigest()
         )
         prior = (
-            StepRequest.objects.filter(step="start", request_id=request_id, task__created_by=actor)
+            StepRequest.objects.filter(step="start", request_id=request_id)
+            .filter(task__created_by=actor)
             .order_by("id")
             .first()
         )
@@ -208,8 +216,11 @@ def attached_step(
 def _step(task: Task, lease: str, step: str, fields: Mapping[str, Any]) -> dict[str, Any]:
     if task.is_terminal:
         if step == "result":
-            _settle_late(task, fields)
+            _settle_late(task, lease, fields)
         return _stopped(task)  # terminal is sticky: every later step hears the same report
+    # Another client took over (a new process, after its predecessor vanished): what that
+    # one left unreported is the guard's to judge (an execution never reported is lost).
+    handover = task.lease_owner != lease
     store = open_store(task.id, lease)
     taken = store.take_lease(lease_seconds())
     if isinstance(taken, str):
@@ -217,10 +228,10 @@ def _step(task: Task, lease: str, step: str, fields: Mapping[str, Any]) -> dict[
         if now.is_terminal:  # stopped before it ran, or recovered from a lost client
             return _stopped(now)
         raise ProtocolRefused("lease_held", f"task {task.id}: {taken}")
-    return _Driver(taken, store).run(step, fields)
+    return _Driver(taken, store, handover=handover).run(step, fields)
 
 
-def _settle_late(task: Task, fields: Mapping[str, Any]) -> None:
+def _settle_late(task: Task, lease: str, fields: Mapping[str, Any]) -> None:
     """The result of a write that was executing when another call of its model call stopped
     the task (a client running a batch at once): its operation is still ``IN_FLIGHT`` and
     must be settled by what the client reports — ``COMMITTED``, or ``UNKNOWN`` for a human —
@@ -229,7 +240,9 @@ def _settle_late(task: Task, fields: Mapping[str, Any]) -> None:
     checkpoint = task.checkpoint if isinstance(task.checkpoint, dict) else {}
     if checkpoint.get("phase") != task.phase or "steps" not in checkpoint.get("guard", {}):
         return
-    store = open_store(task.id, task.lease_owner or f"settling:{task.id}")
+    if (checkpoint.get("attached") or {}).get("lease") != lease:
+        return  # only the client that was running it may say what became of it
+    store = open_store(task.id, lease)
     ledger = DatabaseLedger(store=store)
     guard = Guard.restore(
         dict(checkpoint["guard"]),
@@ -314,9 +327,10 @@ class _Clock:
 class _Driver:
     """One step of one attached task, with its guard restored from the checkpoint."""
 
-    def __init__(self, task: Task, store: StepStore) -> None:
+    def __init__(self, task: Task, store: StepStore, *, handover: bool = False) -> None:
         self.task = task
         self.store = store
+        self.handover = handover
         self.now = _wall_ms()
         self.ledger = DatabaseLedger(store=store)
         self.events: list[dict[str, Any]] = []
@@ -354,16 +368,16 @@ class _Driver:
         if step == "heartbeat":
             stopping = self.task.stop_requested_at is not None
             return self._answer(stop_requested=stopping, lease_seconds=lease_seconds())
-        self._charge(fields.get("usage"))
         handler = getattr(self, f"_{step}")
         try:
+            self._charge(fields.get("usage"))
             return handler(fields)  # type: ignore[no-any-return]
         except _OutOfOrder as exc:
             raise ProtocolRefused(exc.code, str(exc)) from None
 
     def _model(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         self._settled_first("a model call")
-        reserve = _count(fields.get("reserve", 0), "reserve")
+        reserve = _count(fields.get("reserve", 0), "reserve", MAX_AMOUNT)
         stop = self.guard.before_model(reserve=reserve)
         if stop is not None:
             return self._stop(stop)
@@ -499,14 +513,22 @@ class _Driver:
             return
         if not isinstance(usage, Mapping) or set(usage) - {"tokens", "cost"}:
             raise InvalidInput('usage is {"tokens": n, "cost": c}, each a whole number ≥ 0')
-        tokens = _count(usage.get("tokens", 0), "usage.tokens")
+        tokens = _count(usage.get("tokens", 0), "usage.tokens", MAX_TOKENS)
+        cost = usage.get("cost")
+        if cost is not None:
+            cost = _count(cost, "usage.cost", MAX_AMOUNT)
         if tokens:
             self.guard.spend_tokens(tokens)
-        if usage.get("cost") is not None:
-            self.guard.settle_spend(_count(usage["cost"], "usage.cost"))
+        if cost is not None:
+            try:
+                self.guard.settle_spend(cost)
+            except ValueError as exc:  # no model call's reservation is waiting for its cost
+                raise _OutOfOrder("step_out_of_order", f"usage.cost: {exc}") from None
         self.tokens, self.cost = tokens, usage.get("cost")
 
     def _settled_first(self, what: str) -> None:
+        if self.handover:
+            return
         for ticket in self.guard.tickets:
             if str(ticket.status) in ("executing", "reusing"):
                 raise _OutOfOrder(
@@ -576,14 +598,9 @@ class _Driver:
     def _checkpoint(self) -> dict[str, Any]:
         saved = self.guard.checkpoint(history=True, steps=True)
         if "steps" in saved:
-            # The calls in progress hold arguments and results: stored redacted, as the
-            # trace stores them (their fingerprints stay exact, and that is what counts).
-            saved["steps"] = redact(saved["steps"])
-        return {
-            "phase": self.task.phase,
-            "guard": saved,
-            "attached": self.clock.to_dict(_wall_ms()),
-        }
+            saved["steps"]["batch"] = [_stored(raw) for raw in saved["steps"]["batch"]]
+        clock = self.clock.to_dict(_wall_ms()) | {"lease": self.store.owner}
+        return {"phase": self.task.phase, "guard": saved, "attached": clock}
 
     def _save(self) -> None:
         usage = self.guard.usage.to_dict()
@@ -611,8 +628,23 @@ class _OutOfOrder(Exception):
         self.code = code
 
 
+def _stored(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A call in progress as it is kept (in the checkpoint, in an answer): its arguments and
+    result redacted, as the trace keeps them; its tool, operation key and fingerprint exact,
+    for the ledger and loop detection work on those (a redacted key would name another
+    business action)."""
+    result = raw.get("result")
+    return {
+        **raw,
+        "args": redact(raw.get("args") or {}),
+        "result": None if result is None else redact(result),
+    }
+
+
 def _ticket(ticket: Ticket) -> dict[str, Any]:
-    raw = ticket.to_dict()
+    """An admitted call as the answer shows it (the client knows its own arguments: they
+    are stored redacted with the answer, which a retry gets again)."""
+    raw = _stored(ticket.to_dict())
     raw["ticket"] = raw.pop("index")
     return raw
 
@@ -632,9 +664,18 @@ def _outcome(result: Any, error: Any) -> tuple[Any, BaseException | None]:
         cls = type(named, (_ToolError,), {})
         return None, cls(message, transient=error.get("transient") is True)
     try:
-        return Result.from_dict(result), None
-    except (KeyError, TypeError, ValueError, AttributeError):
+        reported = Result.from_dict(result)
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
         return result, None  # not a result: the guard stops it as bad_result
+    attempts, wait = result.get("attempts", 1), reported.wait_ms
+    if not isinstance(attempts, int) or isinstance(attempts, bool):
+        raise InvalidInput("result.attempts must be a whole number")
+    _count(attempts, "result.attempts", MAX_ATTEMPTS)
+    if wait is not None and (
+        not isinstance(wait, int | float) or isinstance(wait, bool) or not 0 <= wait <= MAX_WAIT_MS
+    ):
+        raise InvalidInput(f"result.wait_ms must be milliseconds, at most {MAX_WAIT_MS:,}")
+    return reported, None
 
 
 def _inspector(evidence: Any) -> Any:
@@ -658,6 +699,8 @@ def _inspector(evidence: Any) -> Any:
         evidence.get("done", False),
         evidence.get("committed"),
     )
+    if isinstance(revision, int) and abs(revision) > MAX_REVISION:
+        raise InvalidInput(f"evidence.revision must be at most {MAX_REVISION:,}")
 
     def inspect(_result: Any, _call: Any) -> Evidence:
         return Evidence(revision, done, committed)  # type: ignore[arg-type]  # the guard checks it
@@ -665,11 +708,11 @@ def _inspector(evidence: Any) -> Any:
     return inspect
 
 
-def _count(value: Any, what: str) -> int:
+def _count(value: Any, what: str, most: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise InvalidInput(f"{what} must be a whole number ≥ 0")
-    if value > 2**62:
-        raise InvalidInput(f"{what} is too large")
+    if value > most:
+        raise InvalidInput(f"{what} must be at most {most:,}")
     return value
 
 

@@ -394,6 +394,12 @@ class StepRequest(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["task", "request_id"], name="step_request_once"),
         ]
+        indexes = [
+            # A retried start finds the task it created by its request id.
+            models.Index(
+                fields=["request_id"], condition=Q(step="start"), name="step_request_start"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"task {self.task_id} request {self.request_id} ({self.step})"

@@ -418,9 +418,18 @@ def _settle(
         if op.state == OperationState.IN_FLIGHT:
             # Only an IN_FLIGHT whose driver is gone may be settled by a human: a live
             # driver may still be inside the tool.
+            now = timezone.now()
             live = Task.objects.filter(
-                id=op.task_id, state=TaskState.RUNNING, lease_expires_at__gt=timezone.now()
+                id=op.task_id, state=TaskState.RUNNING, lease_expires_at__gt=now
             ).exists()
+            # An attached client runs a batch at once: a write may still be running in it
+            # when another call stopped the task. It reports within its lease, or is gone.
+            lease = timedelta(seconds=settings.LOOPGUARD_ATTACHED_LEASE_SECONDS)
+            live = live or (
+                Task.objects.filter(id=op.task_id, finished_at__gt=now - lease)
+                .exclude(client="")
+                .exists()
+            )
             if live:
                 raise Refused(f"{key} is being executed right now; wait for it to finish")
         move = "settle_committed" if committed else "settle_not_committed"

@@ -561,7 +561,7 @@ class RemoteGuard:
             admitted = answer.get("admitted")
             if not isinstance(admitted, list) or not admitted:
                 raise _invalid("a tools step answered neither tickets, a nudge nor a stop")
-            self._tickets = [_ticket(item) for item in admitted]
+            self._tickets = [_ticket(item, calls) for item in admitted]
             return list(self._tickets)
 
     def before_tool(self, ticket: Ticket, *, lookup: Any = None) -> Decision:
@@ -844,12 +844,15 @@ class RemoteGuard:
                 self._take({"stop": answer["stop"]})  # the stop is news however late
 
 
-def _ticket(raw: Any) -> Ticket:
-    """An admitted ticket of the wire (``ticket`` is its index)."""
+def _ticket(raw: Any, calls: list[Call]) -> Ticket:
+    """An admitted ticket of the wire (``ticket`` is its index), holding the caller's own
+    call: the console answers with the arguments redacted, as it stores them."""
     try:
-        return Ticket.from_dict({**raw, "index": raw["ticket"], "result": raw.get("result")})
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        ticket = Ticket.from_dict({**raw, "index": raw["ticket"], "result": raw.get("result")})
+        ticket.call = calls[ticket.index]
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         raise _invalid(f"a ticket that cannot be read: {exc!r}") from exc
+    return ticket
 
 
 def _nudge(raw: Any) -> Nudge:

@@ -504,3 +504,121 @@ def test_a_write_running_when_its_sibling_stopped_the_task_is_still_settled(
     assert again["state"] == "CANCELLED"
     assert Operation.objects.get(key="mine").result["data"] == "refunded"  # settled once
     assert not Operation.objects.filter(key="next").exists()
+
+
+# -- what review found -------------------------------------------------------------------------
+
+
+def test_keys_and_tool_names_that_look_like_secrets_stay_exact_across_steps(
+    caller: Callable[..., Caller],
+) -> None:
+    client = Client(caller(Role.AGENT))
+    client.start(tools={"pk_lookup_customer": "read", "refund": "write"})
+    key = "order-sk-1234567890abcdef-refund"
+    client.step("model")
+    calls = [
+        {"tool": "pk_lookup_customer", "args": {"id": 1}},
+        {"tool": "refund", "args": {"cents": 5}, "operation_key": key},
+    ]
+    client.step("tools", calls=calls)
+    client.step("call", ticket=0)
+    client.step("result", ticket=0, result={"kind": "SUCCESS", "data": "found"})
+    assert client.step("call", ticket=1)["action"] == "execute"  # restored from the checkpoint
+    assert Operation.objects.filter(key=key, state=OperationState.IN_FLIGHT).exists()
+    tools = set(TraceEvent.objects.filter(task_id=client.task).values_list("tool", flat=True))
+    assert "pk_lookup_customer" in tools
+
+
+def test_secrets_in_arguments_are_kept_neither_in_the_answers_nor_the_checkpoint(
+    started: Client,
+) -> None:
+    started.step("model")
+    call = {"tool": "lookup", "args": {"order": 1, "api_token": "s3cr3t-value"}}
+    admitted = started.step("tools", calls=[call])["admitted"]
+    assert "s3cr3t-value" not in str(admitted)
+    stored = StepRequest.objects.filter(task_id=started.task, step="tools").get()
+    assert "s3cr3t-value" not in str(stored.answer)
+    assert "s3cr3t-value" not in str(_task(started).checkpoint)
+
+
+def test_a_write_an_attached_client_may_still_be_running_is_not_settled_by_a_person(
+    started: Client, caller: Callable[..., Caller]
+) -> None:
+    started.step("model")
+    calls = [
+        {"tool": "refund", "args": {"cents": 2}, "operation_key": "mine"},
+        {"tool": "refund", "args": {"cents": 3}, "operation_key": "next"},
+    ]
+    started.step("tools", calls=calls)
+    started.step("call", ticket=0)
+    services.task_stop(task_id=started.task, actor=caller(Role.OPERATOR).user, reason="halt")
+    started.step("call", ticket=1)  # the stop: the task is CANCELLED, "mine" still running
+    reconciler = caller(Role.RECONCILER).user
+    with pytest.raises(services.Refused, match="being executed"):
+        services.operation_mark_not_committed(key="mine", actor=reconciler, evidence="none")
+    # Once a lease has passed since the stop, its client is gone: a person may settle it.
+    Task.objects.filter(id=started.task).update(
+        finished_at=timezone.now() - timedelta(seconds=11)
+    )
+    services.operation_mark_not_committed(
+        key="mine", actor=reconciler, evidence="not in the desk", override="checked by hand"
+    )
+    assert Operation.objects.get(key="mine").state == OperationState.NOT_COMMITTED
+
+
+def test_a_late_result_from_another_lease_settles_nothing(
+    started: Client, caller: Callable[..., Caller]
+) -> None:
+    started.step("model")
+    calls = [
+        {"tool": "refund", "args": {"cents": 2}, "operation_key": "mine"},
+        {"tool": "refund", "args": {"cents": 3}, "operation_key": "next"},
+    ]
+    started.step("tools", calls=calls)
+    started.step("call", ticket=0)
+    services.task_stop(task_id=started.task, actor=caller(Role.OPERATOR).user, reason="halt")
+    started.step("call", ticket=1)
+    stranger = Client(started.caller, lease="stranger")
+    stranger.task = started.task
+    stranger.step("result", ticket=0, result={"kind": "SUCCESS", "data": "forged"})
+    assert Operation.objects.get(key="mine").state == OperationState.IN_FLIGHT
+
+
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        ({"usage": {"cost": 5}}, "step_out_of_order"),  # no model call waits for its cost
+        ({"usage": {"tokens": 3_000_000_000}}, "invalid_input"),
+        ({"result": {"kind": "SUCCESS", "attempts": 10**12}}, "invalid_input"),
+        ({"result": {"kind": "SUCCESS", "wait_ms": 10**400}}, "invalid_input"),
+        ({"result": {"kind": "SUCCESS"}, "evidence": {"revision": 10**20, "done": False}},
+         "invalid_input"),
+    ],
+)
+def test_numbers_beyond_what_the_console_keeps_are_refused_and_change_nothing(
+    started: Client, fields: dict[str, Any], code: str
+) -> None:
+    if "result" in fields:
+        started.call("lookup", {"n": 1})
+    before = _unchanged(started)
+    response = started.send("result" if "result" in fields else "wait", ticket=0, **fields)
+    assert response.status_code in (400, 409), response.content
+    assert response.json()["code"] == code
+    assert _unchanged(started) == before
+    started.step("heartbeat")  # the task still answers: nothing was poisoned
+
+
+def test_a_new_process_goes_on_after_its_predecessor_vanished_during_a_read(
+    started: Client,
+) -> None:
+    started.call("lookup", {"n": 1})  # told to execute; then the process vanishes
+    Task.objects.filter(id=started.task).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    runner.sweep(lambda task_id: None)
+    assert _task(started).state == TaskState.QUEUED
+    again = Client(started.caller, lease="new-process")
+    again.task = started.task
+    stop = again.step("model")["stop"]  # not a 409: the read nobody reported is lost
+    assert (stop["state"], stop["reason"]) == ("FAILED", "executor_error")
+    assert "no result was reported" in stop["detail"]
