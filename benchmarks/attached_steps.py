@@ -11,8 +11,9 @@ Two ways of guarding that same mix are measured in the same run, on the same dat
   driving one task in one worker process (no Celery), every step persisted.
 - **attached**: a client process drives an attached task of its own through
   ``guard.remote.RemoteGuard`` against the console served by **gunicorn** on 127.0.0.1 (the
-  command line ``manage.py up`` runs, DEBUG off). Per step it sends five requests over
-  loopback, ``model``, ``tools``, ``call``, ``result``, ``wait`` (docs/protocol.md), and
+  command line ``manage.py up`` runs, DEBUG off). Per step it sends three requests over
+  loopback, ``tools``, ``call`` and ``result`` (whose answer brings the wait and the next
+  model call's allowance: ``then``, docs/protocol.md), after one ``model`` to begin, and
   runs the tool itself in between, on "execute": the very statements the hosted tools run
   (``_RAW_READ``, ``_RAW_SEND``), on a psycopg connection of its own, so each side's step
   includes its tool's business work. Its trusted inspector sends evidence with every result
@@ -88,7 +89,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HOSTED = "hosted, 1 worker"
 CLIENTS = (1, 2, 4, 8)
 TOOLS = {"read_page": "read", "send_notice": "write"}
-REQUESTS_PER_STEP = 5  # model, tools, call, result, wait
+REQUESTS_PER_STEP = 3  # tools, call, result (whose answer brings the wait and the next model call)
 TARGET = 2.0  # the attached step's cost at most twice the hosted step's
 AGENT = "bench-attached"
 CLIENT = "benchmarks/attached_steps"
@@ -355,7 +356,10 @@ class _Mix:
 
 
 def drive_attached(guard: RemoteGuard, mix: _Mix) -> str:
-    """Drive the task step by step (five requests each) to its stop; its state/reason.
+    """Drive the task step by step to its stop; its state/reason. A step is three requests
+    (``tools``, ``call``, ``result``): the result of a model call's last call answers the
+    wait and the next model call too, so ``before_wait`` and ``before_model`` ask nothing;
+    only the first model call is a request of its own.
 
     The last step's evidence says the goal is done, so its ``result`` already answers the
     stop (``COMPLETED``/``goal_met``), as the hosted runner's last ``after_tool`` does; the
@@ -672,7 +676,7 @@ def check_attached(
             f"for {writes} writes, {operations} operations committed at the first attempt, "
             f"{requests} step requests"
         )
-        asked = REQUESTS_PER_STEP * job.steps - 1
+        asked = REQUESTS_PER_STEP * job.steps + 1  # and the first model call's
         expected = ("COMPLETED/goal_met", job.steps, writes, writes, writes, asked)
         if (f"{state}/{reason}", executions, notices, keys, operations, requests) != expected:
             raise SystemExit(f"an attached run did not end as it should: {found}")

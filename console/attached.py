@@ -32,6 +32,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import DatabaseError, transaction
+from django.utils import timezone
 
 from guard import (
     Call,
@@ -222,6 +223,9 @@ def _step(task: Task, lease: str, step: str, fields: Mapping[str, Any]) -> dict[
     # one left unreported is the guard's to judge (an execution never reported is lost).
     handover = task.lease_owner != lease
     store = open_store(task.id, lease)
+    if step != "heartbeat" and _fresh(task, lease):  # a heartbeat is there to renew it
+        store.go_on(task)  # renewed a moment ago: no statement for it this time
+        return _Driver(task, store).run(step, fields)
     taken = store.take_lease(lease_seconds())
     if isinstance(taken, str):
         now = Task.objects.get(id=task.id)
@@ -229,6 +233,17 @@ def _step(task: Task, lease: str, step: str, fields: Mapping[str, Any]) -> dict[
             return _stopped(now)
         raise ProtocolRefused("lease_held", f"task {task.id}: {taken}")
     return _Driver(taken, store, handover=handover).run(step, fields)
+
+
+def _fresh(task: Task, lease: str) -> bool:
+    """Whether ``lease`` drives the running ``task`` with more than two thirds of its lease
+    left: the step goes on without renewing it (one statement fewer); a later step renews
+    it well before it runs out."""
+    expires = task.lease_expires_at
+    if task.state != "RUNNING" or task.lease_owner != lease or expires is None:
+        return False
+    left = (expires - timezone.now()).total_seconds()
+    return left > lease_seconds() * 2 / 3
 
 
 def _settle_late(task: Task, lease: str, fields: Mapping[str, Any]) -> None:
@@ -464,10 +479,20 @@ class _Driver:
         )
         if stop is not None:
             return self._stop(stop)
-        self._save()
-        return self._answer()
+        then = fields.get("then")
+        if then is not None and then not in ("wait", "model"):
+            raise InvalidInput('then must be "wait" or "model"')
+        if then is None or any(
+            str(t.status) in ("admitted", "executing", "reusing") for t in self.guard.tickets
+        ):
+            self._save()  # calls of this model call are still to come: nothing follows yet
+            return self._answer()
+        # The model call's last result, and what the client does next in the same request:
+        # the wait, and (when there is none) the next model call, counted now, as the
+        # runner counts it ahead with the step's save.
+        return self._wait(fields, model=then == "model")
 
-    def _wait(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+    def _wait(self, fields: Mapping[str, Any], *, model: bool = False) -> dict[str, Any]:
         self._settled_first("a wait")
         if self.task.stop_requested_at is not None:
             # Heard now rather than after the wait: the next model call would refuse anyway.
@@ -477,6 +502,14 @@ class _Driver:
             return self._stop(pause)
         if pause:
             self.events.append(trace.event(EventKind.WAIT, detail=f"waiting {pause:.0f} ms"))
+        elif model:
+            reserve = _count(fields.get("reserve", 0), "reserve", MAX_AMOUNT)
+            stop = self.guard.before_model(reserve=reserve)
+            if stop is not None:
+                return self._stop(stop)
+            self.clock.model_at = self.now
+            self._save()
+            return self._answer(wait_ms=pause, allowed=True)
         self._save()
         return self._answer(wait_ms=pause)
 

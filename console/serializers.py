@@ -724,6 +724,10 @@ STEP = Body("Step", "One step of an attached task (docs/protocol.md: each step's
     any_input(
         "evidence", "result, finish: the client's inspector's word, {revision, done, committed}"
     ),
+    any_input(
+        "then", 'result: with the last result of a model call, "wait" (answer the wait too) or '
+        '"model" (and, when there is none, allow the next model call, reserving reserve)',
+    ),
     any_input("answer", "finish: the model's answer"),
     any_input("state", "halt: the terminal state"),
     any_input("reason", "halt: the reason, in the guard's words"),

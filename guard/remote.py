@@ -371,6 +371,10 @@ class RemoteGuard:
         self._cost: int | None = None
         self._settleable = False
         self._answers = 0  # step answers taken in: a heartbeat's older news must not win
+        # Answered ahead by a model call's last result (``then``): the wait, and the next
+        # model call's allowance when there was no wait.
+        self._wait_ahead: float | None = None
+        self._model_ahead = False
         self._unanswered: tuple[str, dict[str, Any]] | None = None
 
     # -- making one ------------------------------------------------------------------------
@@ -515,6 +519,14 @@ class RemoteGuard:
         with self._lock:
             if self._report is not None:
                 return self._report
+            self._wait_ahead = None
+            if self._model_ahead:
+                # Allowed (and counted) with the last result, without a spend budget to
+                # reserve in: nothing to ask again.
+                self._model_ahead = False
+                self._tickets = []
+                self._settleable = True
+                return None
             answer = self._step("model", {"reserve": reserve})
             if (stop := self._stopped()) is not None:
                 return stop
@@ -615,10 +627,11 @@ class RemoteGuard:
             if self._report is not None and ticket.status is not Status.EXECUTING:
                 return self._report
             fields: dict[str, Any] = {"ticket": ticket.index}
+            fields |= self._then(ticket)
             if ticket.status is Status.REUSING:
                 if inspect is not None:
                     fields["evidence"] = _evidence(inspect, ticket.result, ticket.call)
-                self._step("result", fields)
+                self._ahead(self._step("result", fields))
                 ticket.status = Status.REUSED
                 return self._report
             if ticket.status is not Status.EXECUTING:
@@ -638,7 +651,7 @@ class RemoteGuard:
             else:
                 # Not a result: the console stops bad_result, as the local guard does.
                 fields["result"] = {"kind": "<not a result>", "data": _repr(result)}
-            self._step("result", fields)
+            self._ahead(self._step("result", fields))
             ticket.status = Status.RAN
             ticket.result = returned
             return self._report
@@ -648,6 +661,9 @@ class RemoteGuard:
         with self._lock:
             if self._report is not None:
                 return self._report
+            if self._wait_ahead is not None:
+                ahead, self._wait_ahead = self._wait_ahead, None
+                return ahead
             answer = self._step("wait", {})
             if (stop := self._stopped()) is not None:
                 return stop
@@ -766,6 +782,28 @@ class RemoteGuard:
         self._answers += 1
         self._take(answer)
         return answer
+
+    def _then(self, ticket: Ticket) -> dict[str, Any]:
+        """For the last call of a model call to report: ask for what follows in the same
+        request — the wait, and, without a spend budget (no reservation to make), the next
+        model call too. That call is then counted even if none follows (as the hosted runner
+        counts the next one ahead): a client that ends here has one model call too many."""
+        others = (t for t in self._tickets if t is not ticket)
+        if any(t.status in (Status.ADMITTED, Status.EXECUTING, Status.REUSING) for t in others):
+            return {}
+        if self._remaining.get("spend") is None:
+            return {"then": "model"}
+        return {"then": "wait"}
+
+    def _ahead(self, answer: Any) -> None:
+        """Keep what a result's ``then`` answered ahead."""
+        if self._report is not None or not isinstance(answer, Mapping):
+            return
+        wait_ms = answer.get("wait_ms")
+        if isinstance(wait_ms, int | float) and not isinstance(wait_ms, bool) and wait_ms >= 0:
+            self._wait_ahead = float(wait_ms)
+        if answer.get("allowed") is True:
+            self._model_ahead = True
 
     def _final(self, step: str, fields: Mapping[str, Any]) -> Report:
         """A step whose answer is the stop report."""

@@ -97,6 +97,11 @@ class StepStore(Protocol):
         """Extend the lease by ``seconds`` from now; False if ``owner`` lost it."""
         ...
 
+    def go_on(self, task: Task) -> None:
+        """Go on driving ``task`` (as read under its row lock, its lease ``owner``'s) without
+        taking the lease again: the store numbers the trace from it. Statement-free."""
+        ...
+
     def release_lease(self) -> bool:
         """Give the lease up without ending the task ("done with it for now"): the lease
         expires at once, so the recovery sweep (or the next driver to take it) settles

@@ -56,6 +56,11 @@ class BaseStore:
             self.next_seq, self.phase = task.next_seq, task.phase
         return task
 
+    def go_on(self, task: Task) -> None:
+        if task.lease_owner != self.owner:
+            raise LeaseLost(f"task {task.id} is driven by {task.lease_owner or 'nobody'}")
+        self.next_seq, self.phase = task.next_seq, task.phase
+
     def renew_lease(self, seconds: float) -> bool:
         expires = timezone.now() + timedelta(seconds=seconds)
         renewed = Task.objects.filter(

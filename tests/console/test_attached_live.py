@@ -29,7 +29,7 @@ from console import runner
 from console.models import Operation, OperationEvent, OperationState, StepRequest, Task, TaskState
 from console.roles import Role, assign
 from console.tokens import api_token_issue
-from guard import Call, Kind, Report, Result
+from guard import Call, Finish, Kind, Report, Result
 from guard.remote import ConsoleUnreachable, RemoteGuard
 from guard.steps import Action
 from tests.waiting import wait_for
@@ -322,3 +322,28 @@ def test_a_client_killed_mid_write_leaves_it_unknown_once_its_lease_expires(
     assert (task.state, task.reason) == (TaskState.NEEDS_HUMAN, "unknown_commit")
     assert Operation.objects.get(key=key).state == OperationState.UNKNOWN
 
+
+
+def test_a_one_call_step_costs_the_client_three_requests_and_one_more_to_finish(
+    url: str, token: Callable[[Role], str]
+) -> None:
+    """The last result of a model call brings the wait and the next model call's allowance
+    with it (``then``): a loop of one-call steps sends tools, call and result per step."""
+    with RemoteGuard.start(
+        url, token=token(Role.AGENT), agent="reader", tools={"read_page": "read"},
+        limits={**LIMITS, "model_calls": 20, "requests": 20, "executions": 20}, heartbeat=False,
+    ) as guard:  # fmt: skip
+        assert guard.before_model() is None
+        for page in range(1, 4):
+            (ticket,) = guard.before_tools(Call("read_page", {"page": page}))
+            assert guard.before_tool(ticket).action is Action.EXECUTE
+            assert guard.after_tool(ticket, Result(Kind.SUCCESS, f"p{page}"), inspect=None) is None
+            assert guard.before_wait() == 0.0
+            assert guard.before_model() is None  # answered ahead: no request
+        report = guard.finish(Finish("read"), inspect=None)
+    assert report.reason == "goal_unverified"
+    steps = list(StepRequest.objects.filter(task_id=guard.task).values_list("step", flat=True))
+    assert steps.count("model") == 1 and steps.count("wait") == 0
+    assert (steps.count("tools"), steps.count("call"), steps.count("result")) == (3, 3, 3)
+    task = Task.objects.get(id=guard.task)
+    assert task.model_calls == 4 and task.executions == 3  # 3 proposals and the finish

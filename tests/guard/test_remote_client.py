@@ -629,13 +629,16 @@ def test_a_reused_write_hands_back_the_stored_result_and_reports_no_result(
     assert (decision.action, decision.result) == (Action.REUSE, stored)
     assert remote.after_tool(admitted[0], decision.result, inspect=None) is None
 
+    # No result (the stored one counts); as the model call's last, it asks for what follows.
     assert console.steps("result")[0].body.keys() == {
         "protocol",
         "request_id",
         "lease",
         "step",
         "ticket",
+        "then",
     }
+    assert console.steps("result")[0].body["then"] == "model"
     assert admitted[0].status == "reused"
 
 
