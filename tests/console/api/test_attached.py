@@ -622,3 +622,37 @@ def test_a_new_process_goes_on_after_its_predecessor_vanished_during_a_read(
     stop = again.step("model")["stop"]  # not a 409: the read nobody reported is lost
     assert (stop["state"], stop["reason"]) == ("FAILED", "executor_error")
     assert "no result was reported" in stop["detail"]
+
+
+# -- fewer round trips: then -------------------------------------------------------------------
+
+
+def test_the_last_result_with_then_model_allows_the_next_model_call(started: Client) -> None:
+    started.call("lookup", {"n": 1})
+    answer = started.step("result", ticket=0, result={"kind": "SUCCESS", "data": 1}, then="model")
+    assert (answer["wait_ms"], answer["allowed"]) == (0, True)
+    assert _task(started).model_calls == 2  # the next one, counted as it is allowed
+    tools = started.step("tools", calls=[{"tool": "lookup", "args": {"n": 2}}])
+    assert [t["ticket"] for t in tools["admitted"]] == [0]
+
+
+def test_then_model_waits_first_when_a_result_asks_for_a_wait(started: Client) -> None:
+    started.call("lookup", {"n": 1})
+    result = {"kind": "RETRYABLE", "wait_ms": 250}
+    answer = started.step("result", ticket=0, result=result, then="model")
+    assert answer["wait_ms"] == 250 and "allowed" not in answer
+    assert _task(started).model_calls == 1  # the client waits, then asks with a model step
+    assert started.step("model")["allowed"] is True
+
+
+def test_then_on_a_result_that_is_not_the_last_answers_nothing_ahead(started: Client) -> None:
+    started.step("model")
+    calls = [{"tool": "lookup", "args": {"n": 1}}, {"tool": "lookup", "args": {"n": 2}}]
+    started.step("tools", calls=calls)
+    started.step("call", ticket=0)
+    answer = started.step("result", ticket=0, result={"kind": "SUCCESS"}, then="model")
+    assert "wait_ms" not in answer and "allowed" not in answer
+    assert started.send("result", ticket=1, then="later").status_code == 409  # not allowed yet
+    started.step("call", ticket=1)
+    bad = started.send("result", ticket=1, result={"kind": "SUCCESS"}, then="later")
+    assert bad.status_code == 400 and "then must be" in bad.json()["error"]
