@@ -392,13 +392,7 @@ class _Driver:
 
     def _model(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         self._settled_first("a model call")
-        reserve = _count(fields.get("reserve", 0), "reserve", MAX_AMOUNT)
-        stop = self.guard.before_model(reserve=reserve)
-        if stop is not None:
-            return self._stop(stop)
-        self.clock.model_at = self.now
-        self._save()
-        return self._answer(allowed=True)
+        return self._allow_model(fields)
 
     def _tools(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         self._settled_first("calls")
@@ -421,7 +415,11 @@ class _Driver:
             }
             return self._answer(nudge=nudge)
         self.clock.entered = {}
-        self._save()
+        # Admitting runs nothing: each call's entry (a claim, or a read's save) commits
+        # synchronously before its tool may run, and flushes this commit with it (WAL is
+        # written in order). A crash of the database server in between loses the
+        # admission, and the client's next step is refused (unknown_call): nothing ran.
+        self._save(durable=False)
         return self._answer(admitted=[_ticket(ticket) for ticket in admitted])
 
     def _call(self, fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -503,15 +501,19 @@ class _Driver:
         if pause:
             self.events.append(trace.event(EventKind.WAIT, detail=f"waiting {pause:.0f} ms"))
         elif model:
-            reserve = _count(fields.get("reserve", 0), "reserve", MAX_AMOUNT)
-            stop = self.guard.before_model(reserve=reserve)
-            if stop is not None:
-                return self._stop(stop)
-            self.clock.model_at = self.now
-            self._save()
-            return self._answer(wait_ms=pause, allowed=True)
+            return self._allow_model(fields, wait_ms=pause)
         self._save()
         return self._answer(wait_ms=pause)
+
+    def _allow_model(self, fields: Mapping[str, Any], **answer: Any) -> dict[str, Any]:
+        """Count the next model call (reserving ``reserve``), or stop."""
+        reserve = _count(fields.get("reserve", 0), "reserve", MAX_AMOUNT)
+        stop = self.guard.before_model(reserve=reserve)
+        if stop is not None:
+            return self._stop(stop)
+        self.clock.model_at = self.now
+        self._save()
+        return self._answer(**answer, allowed=True)
 
     def _finish(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         self._settled_first("the finish")
@@ -635,9 +637,13 @@ class _Driver:
         clock = self.clock.to_dict(_wall_ms()) | {"lease": self.store.owner}
         return {"phase": self.task.phase, "guard": saved, "attached": clock}
 
-    def _save(self) -> None:
+    def _save(self, *, durable: bool = True) -> None:
+        """Save the step; ``durable=False`` lets this request's commit return before its
+        WAL reaches the disk (PostgreSQL), for a step that a synchronous one follows before
+        anything is run on its word."""
         usage = self.guard.usage.to_dict()
-        step = Step(usage, self.guard.revision, tuple(self.events), self._checkpoint())
+        checkpoint = self._checkpoint()
+        step = Step(usage, self.guard.revision, tuple(self.events), checkpoint, durable=durable)
         self.store.save(step)
         self.events = []
 
