@@ -194,7 +194,12 @@ def attached_step(
             raise NotFound(f"there is no task {task_id}")
         if not task.is_attached:
             raise ProtocolRefused("not_attached", f"task {task_id} is hosted: workers drive it")
-        prior = StepRequest.objects.filter(task_id=task.id, request_id=request_id).first()
+        # A heartbeat's answer is never stored (it changes nothing a retry could repeat).
+        prior = (
+            None
+            if step == "heartbeat"
+            else StepRequest.objects.filter(task_id=task.id, request_id=request_id).first()
+        )
         if prior is not None:
             if prior.body_hash != fingerprint:
                 raise ProtocolRefused(
@@ -203,7 +208,7 @@ def attached_step(
             return dict(prior.answer)
         answer = _step(task, lease, step, fields)
         answer["request_id"] = request_id
-        if step != "heartbeat":  # it changes nothing a retry could repeat
+        if step != "heartbeat":
             StepRequest.objects.create(
                 task_id=task.id,
                 request_id=request_id,
@@ -257,17 +262,8 @@ def _settle_late(task: Task, lease: str, fields: Mapping[str, Any]) -> None:
         return
     if (checkpoint.get("attached") or {}).get("lease") != lease:
         return  # only the client that was running it may say what became of it
-    store = open_store(task.id, lease)
-    ledger = DatabaseLedger(store=store)
-    guard = Guard.restore(
-        dict(checkpoint["guard"]),
-        limits_of(task),
-        now=_wall_ms,
-        wait=_no_wait,
-        ledger=ledger,
-        tools=dict(task.tools),
-        transient=_transient,
-    )
+    ledger = DatabaseLedger(store=open_store(task.id, lease))
+    guard = Guard.restore(dict(checkpoint["guard"]), limits_of(task), **_options(task, ledger))
     index = fields.get("ticket")
     ticket = next((t for t in guard.tickets if t.index == index), None)
     if ticket is None or str(ticket.status) != "executing" or ticket.call.effect != "write":
@@ -278,6 +274,19 @@ def _settle_late(task: Task, lease: str, fields: Mapping[str, Any]) -> None:
         return
     outcome, error = _outcome(fields.get("result"), fields.get("error"))
     guard.after_tool(ticket, outcome, error=error, inspect=_inspector(fields.get("evidence")))
+
+
+def _options(task: Task, ledger: DatabaseLedger) -> dict[str, Any]:
+    """The guard's options for a step of ``task`` (its row locked for the whole step, so
+    the stop fact read with it is current)."""
+    return {
+        "now": _wall_ms,
+        "wait": _no_wait,
+        "ledger": ledger,
+        "cancel": lambda: task.stop_requested_at is not None,
+        "tools": dict(task.tools),
+        "transient": _transient,
+    }
 
 
 def _stopped(task: Task) -> dict[str, Any]:
@@ -354,15 +363,7 @@ class _Driver:
         self.cost: int | None = None
         checkpoint = task.checkpoint if isinstance(task.checkpoint, dict) else {}
         same_phase = checkpoint.get("phase") == task.phase and "guard" in checkpoint
-        options: dict[str, Any] = {
-            "now": _wall_ms,
-            "wait": _no_wait,
-            "ledger": self.ledger,
-            # The row is locked for the whole step: the stop fact read with it is current.
-            "cancel": lambda: task.stop_requested_at is not None,
-            "tools": dict(task.tools),
-            "transient": _transient,
-        }
+        options = _options(task, self.ledger)
         limits = limits_of(task)
         used = usage_of(task)
         if same_phase:
@@ -453,6 +454,9 @@ class _Driver:
             raise _OutOfOrder("call_not_allowed", f"call {ticket.index} was never allowed to run")
         if status in ("ran", "reused"):
             raise _OutOfOrder("result_given", f"call {ticket.index} has its result already")
+        then = fields.get("then")
+        if then is not None and then not in ("wait", "model"):
+            raise InvalidInput('then must be "wait" or "model"')
         executed = status == "executing"
         outcome: Any = None
         error: BaseException | None = None
@@ -477,9 +481,6 @@ class _Driver:
         )
         if stop is not None:
             return self._stop(stop)
-        then = fields.get("then")
-        if then is not None and then not in ("wait", "model"):
-            raise InvalidInput('then must be "wait" or "model"')
         if then is None or any(
             str(t.status) in ("admitted", "executing", "reusing") for t in self.guard.tickets
         ):

@@ -322,12 +322,23 @@ class TaskFilters(_Filters):
         return {
             "state": _one_of(query, "state", TaskState.values, errors),
             "reason": _one_of(query, "reason", STOP_REASONS, errors, word="stop reason"),
-            "agent": _one_of(query, "agent", agent_choices(), errors),
+            "agent": _one_of(query, "agent", _agents_for(query), errors),
             "q": query.get("q", "").strip()[:200],
         }
 
     def as_query(self) -> dict[str, str]:
         return {**super().as_query(), **({"q": self.q} if self.q else {})}
+
+
+def _agents_for(query: Mapping[str, str]) -> Collection[str]:
+    """The agent names the filter may take for ``query``: the registered ones, and the one
+    asked for when attached tasks bear it (asked only then: one indexed lookup)."""
+    asked = query.get("agent", "").strip()
+    if not asked or asked in settings.LOOPGUARD_AGENTS:
+        return settings.LOOPGUARD_AGENTS
+    if Task.objects.exclude(client="").filter(agent=asked).exists():
+        return [*settings.LOOPGUARD_AGENTS, asked]
+    return settings.LOOPGUARD_AGENTS
 
 
 def _one_of(

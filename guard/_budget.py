@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._checks import count
+from ._checks import amount, count
 from ._values import DIMENSIONS, Dimension, Limits, Reason, Usage
 
 __all__ = ["Budget", "usage_from"]
@@ -128,7 +128,7 @@ class Budget:
         """The model call's real ``cost`` replaces its reservation (``ValueError`` unless an
         amount, or with no model call to settle: one call is settled once). A cost above
         the reservation is charged too: the money is gone."""
-        cost = _amount("cost", cost)
+        cost = amount("cost", cost)
         if self._spend_held is None:
             raise ValueError("settle_spend() needs a model call not settled yet")
         self.spent["spend"] += cost - self._spend_held
@@ -140,7 +140,7 @@ class Budget:
 
     def hold(self, reserve: Any) -> None:
         """Take back :meth:`held` from a checkpoint (``ValueError`` unless an amount)."""
-        self._spend_held = None if reserve is None else _amount("spend_held", reserve)
+        self._spend_held = None if reserve is None else amount("spend_held", reserve)
 
     def reserve_past_stop(self, reserve: int) -> bool:
         """Reserve the spend of one model call after the task stopped (the summary turn):
@@ -154,7 +154,7 @@ class Budget:
         """Count ``reserve`` as spent if it fits in the spend budget (``ValueError`` unless
         an amount): spent now and settled after the call, so a crash in between keeps it
         spent."""
-        reserve = _amount("reserve", reserve)
+        reserve = amount("reserve", reserve)
         spend = self.limits.spend
         if spend is not None and self.spent["spend"] + reserve > spend:
             return False
@@ -193,7 +193,7 @@ class Budget:
 
     def spend_tokens(self, tokens: int) -> None:
         """Charge model usage reported by the planner (``ValueError`` unless a count)."""
-        self.spent["tokens"] += _amount("tokens", tokens)
+        self.spent["tokens"] += amount("tokens", tokens)
 
     def explore(self) -> bool:
         """Spend one of the exploration budget on a never-seen result, if any is left:
@@ -217,12 +217,6 @@ class Budget:
     def checkpoint(self) -> dict[str, int]:
         """The budget's part of a checkpoint: what has been spent."""
         return self.usage().to_dict()
-
-
-def _amount(name: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    return value
 
 
 def usage_from(raw: Mapping[str, Any]) -> Usage:

@@ -244,6 +244,14 @@ def describe(exc: BaseException) -> str:
     return f"{name}: {text[:500]}" if text else name
 
 
+def amount(name: str, value: Any) -> int:
+    """``value`` if it is a non-negative int; ``ValueError`` naming ``name`` otherwise (for
+    what a host hands the guard: tokens, a reservation, a cost)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
 def count(value: Any) -> int:
     """``value`` if it is a count (a non-negative int); raises ``TypeError`` otherwise."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:

@@ -63,7 +63,7 @@ from dataclasses import fields as dataclass_fields
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Self
 
-from ._checks import as_calls, describe, evidence_problem, plain, safe_repr, transient_error
+from ._checks import amount, as_calls, describe, evidence_problem, plain, safe_repr, transient_error
 from ._driver import Inspect
 from ._fingerprint import canonical_json
 from ._report import Report
@@ -269,12 +269,6 @@ def _new_lease() -> str:
     host = "".join(c for c in socket.gethostname() if c.isascii() and c.isprintable())
     host = host.replace(":", "-")[:100] or "host"
     return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def _amount(name: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    return value
 
 
 def _effects(tools: Mapping[str, Any]) -> dict[str, Effect]:
@@ -495,7 +489,7 @@ class RemoteGuard:
     def spend_tokens(self, tokens: int) -> None:
         """Charge model usage to the token budget: sent with the next step (``ValueError``
         unless a non-negative int)."""
-        tokens = _amount("tokens", tokens)
+        tokens = amount("tokens", tokens)
         with self._lock:
             self._tokens += tokens
 
@@ -503,7 +497,7 @@ class RemoteGuard:
         """The last model call's real cost replaces its reservation: sent with the next
         step (``ValueError`` unless a non-negative int, or with no model call allowed since
         the last settlement)."""
-        cost = _amount("cost", cost)
+        cost = amount("cost", cost)
         with self._lock:
             if not self._settleable:
                 raise ValueError("settle_spend() needs a model call not settled yet")
@@ -515,7 +509,7 @@ class RemoteGuard:
     def before_model(self, *, reserve: int = 0) -> Report | None:
         """Ask for one model call (``reserve``: its maximum cost, for the spend budget):
         ``None`` if it may happen, else the stop report."""
-        reserve = _amount("reserve", reserve)
+        reserve = amount("reserve", reserve)
         with self._lock:
             if self._report is not None:
                 return self._report

@@ -481,19 +481,30 @@ def test_a_heartbeat_renews_the_lease_and_says_whether_a_stop_is_asked(
     assert not StepRequest.objects.filter(task_id=started.task, step="heartbeat").exists()
 
 
-def test_a_write_running_when_its_sibling_stopped_the_task_is_still_settled(
-    started: Client, caller: Callable[..., Caller]
-) -> None:
-    started.step("model")
+def _stopped_mid_batch(
+    client: Client, caller: Callable[..., Caller]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two writes admitted at once; the first told to execute; an operator's Stop; then
+    the second's call, which answers the stop. The first write is still running in the
+    client. Returns the two calls' answers."""
+    client.step("model")
     calls = [
         {"tool": "refund", "args": {"cents": 2}, "operation_key": "mine"},
         {"tool": "refund", "args": {"cents": 3}, "operation_key": "next"},
     ]
-    started.step("tools", calls=calls)
-    assert started.step("call", ticket=0)["action"] == "execute"
+    client.step("tools", calls=calls)
+    first = client.step("call", ticket=0)
     # The client runs its batch at once; meanwhile an operator presses Stop.
-    services.task_stop(task_id=started.task, actor=caller(Role.OPERATOR).user, reason="halt")
-    stop = started.step("call", ticket=1)["stop"]
+    services.task_stop(task_id=client.task, actor=caller(Role.OPERATOR).user, reason="halt")
+    return first, client.step("call", ticket=1)
+
+
+def test_a_write_running_when_its_sibling_stopped_the_task_is_still_settled(
+    started: Client, caller: Callable[..., Caller]
+) -> None:
+    first, stop = _stopped_mid_batch(started, caller)
+    assert first["action"] == "execute"
+    stop = stop["stop"]
     assert stop["reason"] == "operator_stop"
     assert Operation.objects.get(key="mine").state == OperationState.IN_FLIGHT
     late = started.step("result", ticket=0, result={"kind": "SUCCESS", "data": "refunded"})
@@ -544,15 +555,7 @@ def test_secrets_in_arguments_are_kept_neither_in_the_answers_nor_the_checkpoint
 def test_a_write_an_attached_client_may_still_be_running_is_not_settled_by_a_person(
     started: Client, caller: Callable[..., Caller]
 ) -> None:
-    started.step("model")
-    calls = [
-        {"tool": "refund", "args": {"cents": 2}, "operation_key": "mine"},
-        {"tool": "refund", "args": {"cents": 3}, "operation_key": "next"},
-    ]
-    started.step("tools", calls=calls)
-    started.step("call", ticket=0)
-    services.task_stop(task_id=started.task, actor=caller(Role.OPERATOR).user, reason="halt")
-    started.step("call", ticket=1)  # the stop: the task is CANCELLED, "mine" still running
+    _stopped_mid_batch(started, caller)  # the task is CANCELLED, "mine" still running
     reconciler = caller(Role.RECONCILER).user
     with pytest.raises(services.Refused, match="being executed"):
         services.operation_mark_not_committed(key="mine", actor=reconciler, evidence="none")
@@ -569,15 +572,7 @@ def test_a_write_an_attached_client_may_still_be_running_is_not_settled_by_a_per
 def test_a_late_result_from_another_lease_settles_nothing(
     started: Client, caller: Callable[..., Caller]
 ) -> None:
-    started.step("model")
-    calls = [
-        {"tool": "refund", "args": {"cents": 2}, "operation_key": "mine"},
-        {"tool": "refund", "args": {"cents": 3}, "operation_key": "next"},
-    ]
-    started.step("tools", calls=calls)
-    started.step("call", ticket=0)
-    services.task_stop(task_id=started.task, actor=caller(Role.OPERATOR).user, reason="halt")
-    started.step("call", ticket=1)
+    _stopped_mid_batch(started, caller)
     stranger = Client(started.caller, lease="stranger")
     stranger.task = started.task
     stranger.step("result", ticket=0, result={"kind": "SUCCESS", "data": "forged"})
@@ -656,3 +651,36 @@ def test_then_on_a_result_that_is_not_the_last_answers_nothing_ahead(started: Cl
     started.step("call", ticket=1)
     bad = started.send("result", ticket=1, result={"kind": "SUCCESS"}, then="later")
     assert bad.status_code == 400 and "then must be" in bad.json()["error"]
+
+
+# -- budgets: money reserved before it is spent, retries in one budget ---------------------------
+
+
+def test_a_model_calls_reservation_is_stored_before_it_is_allowed_and_refused_when_it_cannot_fit(
+    caller: Callable[..., Caller],
+) -> None:
+    client = Client(caller(Role.AGENT))
+    client.start(limits={**LIMITS, "spend": 100})
+    assert client.step("model", reserve=60)["allowed"] is True
+    assert _task(client).spend == 60  # in the database before the paid call goes out
+    client.step("tools", calls=[{"tool": "lookup", "args": {"n": 1}}], usage={"cost": 10})
+    assert _task(client).spend == 10  # the real cost replaced the reservation
+    client.step("call", ticket=0)
+    client.step("result", ticket=0, result={"kind": "SUCCESS", "data": 1})
+    stop = client.step("model", reserve=95)["stop"]
+    assert (stop["state"], stop["reason"]) == ("PARTIAL", "spend_budget")
+    assert _task(client).spend == 10  # a call that did not fit reserved nothing
+
+
+def test_a_tools_own_retries_are_charged_to_the_tasks_execution_budget(started: Client) -> None:
+    started.call("lookup", {"n": 1})
+    started.step("result", ticket=0, result={"kind": "SUCCESS", "data": 1, "attempts": 3})
+    assert _task(started).executions == 3
+    started.step("wait")
+    started.call("lookup", {"n": 2})
+    started.step("result", ticket=0, result={"kind": "SUCCESS", "data": 2, "attempts": 4})
+    assert _task(started).executions == 7  # every attempt counts, past the budget of 6
+    started.step("wait")
+    refused = started.call("lookup", {"n": 3})
+    assert refused["stop"]["reason"] == "execution_budget"  # nothing more may run
+    assert _task(started).executions == 7
