@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import multiprocessing
 import os
 import secrets
@@ -89,7 +90,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HOSTED = "hosted, 1 worker"
 CLIENTS = (1, 2, 4, 8)
 TOOLS = {"read_page": "read", "send_notice": "write"}
-REQUESTS_PER_STEP = 3  # tools, call, result (whose answer brings the wait and the next model call)
+BY_CALL = "attached, call step"
 TARGET = 2.0  # the attached step's cost at most twice the hosted step's
 AGENT = "bench-attached"
 CLIENT = "benchmarks/attached_steps"
@@ -99,7 +100,11 @@ rows:
   {HOSTED:<20}runner_throughput's guarded side: console.runner.drive in one
   {"":<20}worker process, every step persisted
   attached, N clients N client processes, each driving its own attached task through
-  {"":<20}guard.remote.RemoteGuard over loopback HTTP to gunicorn, released together
+  {"":<20}guard.remote.RemoteGuard over loopback HTTP to gunicorn, released together;
+  {"":<20}each call entered with its admission (before_tools(enter=True)): two
+  {"":<20}requests a step
+  {BY_CALL:<20}1 client entering each call with a call step of its own, as the
+  {"":<20}LangChain and Agents SDK integrations do: three requests a step
 
 columns:
   steps/s             all clients' (workers') steps / wall time (median of the rounds)
@@ -112,14 +117,14 @@ columns:
   PG CPU              ms per step of the PostgreSQL backends serving the run
                       (/proc/<pid>/schedstat); n/a when the server is not on this machine
   total CPU           client + web + PG, ms per step
-  requests/step       step requests the console answered and stored / steps: 5 per step,
-                      less 1 per task (the last result answers the stop, COMPLETED, so
-                      its wait is not asked, nor a finish)
+  requests/step       step requests the console answered and stored / steps: 2 per step
+                      (3 for the call step), and one per task for its first model call
+                      (the last result answers the stop, COMPLETED: no wait, no finish)
 
-Then "attached / hosted": the 1-client attached step against the hosted step, wall ms and
-total CPU ms, each against the target (<= {TARGET:g}x), and the milliseconds the remote
-step adds. Every number moves with the machine's load (printed): compare the rows of one
-run, not one run with another.
+Then "attached / hosted": the 1-client attached step (with and without enter) against
+the hosted step, wall ms and total CPU ms, each against the target (<= {TARGET:g}x), and
+the milliseconds the remote step adds. Every number moves with the machine's load
+(printed): compare the rows of one run, not one run with another.
 """
 
 # -- where it works ----------------------------------------------------------------------------
@@ -270,10 +275,12 @@ class Web:
 
 @dataclass(frozen=True)
 class AttachedJob:
-    """One client's part of one run: a task of ``steps`` steps, its keys under ``run``."""
+    """One client's part of one run: a task of ``steps`` steps, its keys under ``run``;
+    ``enter``: each call entered with its admission (two requests a step, not three)."""
 
     steps: int
     run: str
+    enter: bool = True
 
 
 @dataclass
@@ -356,10 +363,11 @@ class _Mix:
 
 
 def drive_attached(guard: RemoteGuard, mix: _Mix) -> str:
-    """Drive the task step by step to its stop; its state/reason. A step is three requests
-    (``tools``, ``call``, ``result``): the result of a model call's last call answers the
-    wait and the next model call too, so ``before_wait`` and ``before_model`` ask nothing;
-    only the first model call is a request of its own.
+    """Drive the task step by step to its stop; its state/reason. A step is two requests
+    (``tools`` with ``enter``, whose answer is the call's entry too, and ``result``), or
+    three without ``enter`` (``tools``, ``call``, ``result``): the result of a model call's
+    last call answers the wait and the next model call too, so ``before_wait`` and
+    ``before_model`` ask nothing; only the first model call is a request of its own.
 
     The last step's evidence says the goal is done, so its ``result`` already answers the
     stop (``COMPLETED``/``goal_met``), as the hosted runner's last ``after_tool`` does; the
@@ -369,7 +377,7 @@ def drive_attached(guard: RemoteGuard, mix: _Mix) -> str:
     for n in range(1, mix.job.steps + 1):
         stop = guard.before_model()
         if stop is None:
-            admitted = guard.before_tools(mix.plan(n))
+            admitted = guard.before_tools(mix.plan(n), enter=mix.job.enter)
             if not isinstance(admitted, list):
                 return f"{admitted!r} at step {n}"  # a nudge or a stop: the run is broken
             (ticket,) = admitted
@@ -453,9 +461,9 @@ class Clients:
             raise SystemExit(f"a client answered {message!r}, not {what!r}")
         return message
 
-    def prepare(self, clients: int, steps: int) -> list[AttachedJob]:
+    def prepare(self, clients: int, steps: int, *, enter: bool = True) -> list[AttachedJob]:
         """Give the first ``clients`` clients a job each and wait until all are ready."""
-        jobs = [AttachedJob(steps, uuid.uuid4().hex[:12]) for _ in range(clients)]
+        jobs = [AttachedJob(steps, uuid.uuid4().hex[:12], enter) for _ in range(clients)]
         for pipe, job in zip(self._pipes, jobs, strict=False):
             pipe.send(job)
         for pipe in self._pipes[:clients]:
@@ -581,6 +589,45 @@ class BackendSampler:
         self._conn.close()
 
 
+@dataclass(frozen=True)
+class Floor:
+    """What one API request that does nothing costs on this server: wall and CPU
+    milliseconds per request (the web workers', the asking process's)."""
+
+    wall_ms: float
+    web_cpu_ms: float
+    client_cpu_ms: float
+
+
+def floor_of(web: Web, requests: int = 2000) -> Floor:
+    """``requests`` GETs of the steps endpoint over one kept-alive connection: a 405 that
+    gunicorn, every middleware, the URL resolver and the JSON error answer make, before any
+    database work. No step of the protocol can cost less; a step that needs two of them
+    (the call's entry, its result) costs at least the hosted step plus two."""
+    connection = http.client.HTTPConnection("127.0.0.1", web.port, timeout=10)
+    try:
+        for _ in range(100):  # warm
+            _get(connection, "/api/attached/1/steps")
+        web_before, cpu, started = web.cpu(), time.process_time(), time.perf_counter()
+        for _ in range(requests):
+            _get(connection, "/api/attached/1/steps")
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        web_cpu = web.cpu() - web_before
+    finally:
+        connection.close()
+    web.check()
+    per = 1000 / requests
+    return Floor(wall * per, web_cpu * per, cpu * per)
+
+
+def _get(connection: http.client.HTTPConnection, path: str) -> None:
+    connection.request("GET", path, headers={"Accept": "application/json"})
+    response = connection.getresponse()
+    response.read()
+    if response.status != 405:
+        raise SystemExit(f"the floor's request answered {response.status}, not 405")
+
+
 def hosted_row(pool: rt.Pool, stats: rt.ServerStats, steps: int) -> Row:
     """One run of ``runner_throughput``'s guarded side at one worker."""
     run = pool.run(rt.GUARDED, 1, steps, stats, measure=False)
@@ -604,10 +651,12 @@ def attached_row(
     count: int,
     steps: int,
     checked: Checked | None,
+    *,
+    enter: bool = True,
 ) -> Row:
     """One run of ``count`` attached clients released together; checked afterwards (when
     ``checked`` is given; a warm-up is not)."""
-    jobs = clients.prepare(count, steps)
+    jobs = clients.prepare(count, steps, enter=enter)
     # Every backend on the benchmark database: the web threads' and the clients' own.
     sampler.start()
     web_before = web.cpu()
@@ -642,7 +691,7 @@ def check_attached(
     """What the run left, task by task: ``COMPLETED``/``goal_met`` (and the client heard
     so at the last step), one execution per step, one notice per write and each key once,
     one operation per write committed at its first attempt, and every request asked once
-    (5 per step, less the last step's wait)."""
+    (2 or 3 per step, and the first model call's)."""
     for job, run in zip(jobs, runs, strict=True):
         writes = job.steps // 2
         row = observer.execute(
@@ -676,7 +725,7 @@ def check_attached(
             f"for {writes} writes, {operations} operations committed at the first attempt, "
             f"{requests} step requests"
         )
-        asked = REQUESTS_PER_STEP * job.steps + 1  # and the first model call's
+        asked = requests_per_step(job.enter) * job.steps + 1  # and the first model call's
         expected = ("COMPLETED/goal_met", job.steps, writes, writes, writes, asked)
         if (f"{state}/{reason}", executions, notices, keys, operations, requests) != expected:
             raise SystemExit(f"an attached run did not end as it should: {found}")
@@ -745,8 +794,10 @@ def print_report(
     checked: Checked,
     load: tuple[float, float],
     facts: dict[str, str],
+    floors: Sequence[Floor],
 ) -> None:
-    """The table (one row per configuration), the ratio against the target, the checks."""
+    """The table (one row per configuration), the ratio against the target, the floor,
+    the checks."""
     print(
         f"python {sys.version.split()[0]}; PostgreSQL {facts['server_version']} "
         f"(fsync={facts['fsync']}, synchronous_commit={facts['synchronous_commit']}); "
@@ -769,7 +820,21 @@ def print_report(
             f"hosted: {lost} backend(s) disconnected before their CPU time was read (not counted)"
         )
     print()
-    hosted, one = table[HOSTED], table[label_of(1)]
+    hosted = table[HOSTED]
+    for label in (label_of(1), BY_CALL):
+        print(f"{label} / {HOSTED}: " + "; ".join(_against(table[label], hosted)))
+    print(_floor(floors, hosted))
+    print(
+        f"checked: {checked.tasks} attached tasks COMPLETED/goal_met, executions "
+        f"{checked.executions} for {checked.steps} steps; notices {checked.notices} sent for "
+        f"{checked.writes} writes, {checked.twice} sent twice; {checked.operations} "
+        "operations committed at the first attempt"
+    )
+
+
+def _against(one: dict[str, float | None], hosted: dict[str, float | None]) -> list[str]:
+    """One attached row's step against the hosted step: wall and total CPU, each against
+    the target."""
     wall = one["ms/step"] or float("nan")
     hosted_wall = hosted["ms/step"] or float("nan")
     parts = [
@@ -786,13 +851,34 @@ def print_report(
         )
     else:
         parts.append("total CPU n/a (the PostgreSQL server is not on this machine)")
-    print("attached / hosted step (1 client vs 1 worker): " + "; ".join(parts))
-    print(
-        f"checked: {checked.tasks} attached tasks COMPLETED/goal_met, executions "
-        f"{checked.executions} for {checked.steps} steps; notices {checked.notices} sent for "
-        f"{checked.writes} writes, {checked.twice} sent twice; {checked.operations} "
-        "operations committed at the first attempt"
+    return parts
+
+
+def _floor(floors: Sequence[Floor], hosted: dict[str, float | None]) -> str:
+    """The least an attached step of two requests could cost on this server: the hosted
+    step's own work plus two requests that do nothing, against the hosted step."""
+    wall = _median([f.wall_ms for f in floors])
+    cpu = _median([f.web_cpu_ms + f.client_cpu_ms for f in floors])
+    web = _median([f.web_cpu_ms for f in floors])
+    hosted_wall = hosted["ms/step"] or float("nan")
+    least_wall = hosted_wall + 2 * wall
+    text = (
+        f"floor: an API request that does nothing (a 405, before any database work) costs "
+        f"{wall:.2f} ms wall and {cpu:.3f} ms CPU ({web:.3f} of it gunicorn + Django); a step "
+        f"of two such requests around the hosted step's work costs at least "
+        f"{least_wall:.2f} ms wall ({least_wall / hosted_wall:.2f}x the hosted step)"
     )
+    hosted_cpu = hosted["total CPU"]
+    if hosted_cpu is not None:
+        least_cpu = hosted_cpu + 2 * cpu
+        text += f" and {least_cpu:.3f} ms CPU ({least_cpu / hosted_cpu:.2f}x)"
+    return text
+
+
+def requests_per_step(enter: bool) -> int:
+    """tools (with enter: the call's entry too), call (without), result (whose answer
+    brings the wait and the next model call)."""
+    return 2 if enter else 3
 
 
 def label_of(clients: int) -> str:
@@ -902,16 +988,21 @@ def _measure(
             pool.run(rt.GUARDED, 1, 20, stats, measure=False)
             attached_row(clients, web, observer, sampler, max(counts), 10, None)
             results: dict[str, list[Row]] = {HOSTED: [], **{label_of(c): [] for c in counts}}
+            results[BY_CALL] = []
+            floors: list[Floor] = []
             for _ in range(rounds):  # interleaved, so that a noisy spell hits every row
                 results[HOSTED].append(hosted_row(pool, stats, steps))
                 for count in counts:
                     row = attached_row(clients, web, observer, sampler, count, steps, checked)
                     results[label_of(count)].append(row)
+                row = attached_row(clients, web, observer, sampler, 1, steps, checked, enter=False)
+                results[BY_CALL].append(row)
+                floors.append(floor_of(web))
         except BaseException:
             print(web.log_tail(), file=sys.stderr)
             raise
     load = (load_before, os.getloadavg()[0])
-    print_report(steps, rounds, web, options.threads, results, checked, load, facts)
+    print_report(steps, rounds, web, options.threads, results, checked, load, facts, floors)
     return 0
 
 

@@ -54,7 +54,7 @@ from .lifecycle import limits_of, usage_of
 from .models import Decision, EventKind, StepRequest, StopReport, Task
 from .redaction import preview, redact
 from .services import InvalidInput, NotFound, ServiceError
-from .store import Step, StepStore, open_store
+from .store import Answer, Step, StepStore, open_store
 
 PROTOCOL = 1
 """The protocol version this console speaks."""
@@ -188,56 +188,69 @@ def attached_step(
     """Answer one step request of an attached task (see the module's docstring)."""
     if step not in STEPS:
         raise InvalidInput(f"step must be one of {', '.join(STEPS)}")
+    store = open_store(task_id, lease)
     with transaction.atomic():
-        task = Task.objects.select_for_update().filter(id=task_id).first()
-        if task is None:
+        # A heartbeat's answer is never stored (it changes nothing a retry could repeat).
+        opened = store.open_step(None if step == "heartbeat" else request_id)
+        if opened is None:
             raise NotFound(f"there is no task {task_id}")
+        task, prior = opened
         if not task.is_attached:
             raise ProtocolRefused("not_attached", f"task {task_id} is hosted: workers drive it")
-        # A heartbeat's answer is never stored (it changes nothing a retry could repeat).
-        prior = (
-            None
-            if step == "heartbeat"
-            else StepRequest.objects.filter(task_id=task.id, request_id=request_id).first()
-        )
         if prior is not None:
             if prior.body_hash != fingerprint:
                 raise ProtocolRefused(
                     "request_id_reused", f"request {request_id} was another request of this task"
                 )
             return dict(prior.answer)
-        answer = _step(task, lease, step, fields)
-        answer["request_id"] = request_id
-        if step != "heartbeat":
-            StepRequest.objects.create(
-                task_id=task.id,
-                request_id=request_id,
-                step=step,
-                body_hash=fingerprint,
-                answer=answer,
-            )
-    return answer
+        answer = _Answered(request_id, step, fingerprint)
+        return _step(task, store, step, fields, answer)
 
 
-def _step(task: Task, lease: str, step: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Answered:
+    """How a step's answer is kept: under its request id, with its body's hash."""
+
+    request_id: str
+    step: str
+    body_hash: str
+
+    def of(self, answer: dict[str, Any]) -> Answer | None:
+        """``answer`` with its request id, as stored (a heartbeat's is not)."""
+        answer["request_id"] = self.request_id
+        if self.step == "heartbeat":
+            return None
+        return Answer(self.request_id, self.step, self.body_hash, answer)
+
+
+def _step(
+    task: Task, store: StepStore, step: str, fields: Mapping[str, Any], answered: _Answered
+) -> dict[str, Any]:
     if task.is_terminal:
         if step == "result":
-            _settle_late(task, lease, fields)
-        return _stopped(task)  # terminal is sticky: every later step hears the same report
+            _settle_late(task, store.owner, fields)
+        return _remembered(store, _stopped(task), answered)  # terminal is sticky
     # Another client took over (a new process, after its predecessor vanished): what that
     # one left unreported is the guard's to judge (an execution never reported is lost).
-    handover = task.lease_owner != lease
-    store = open_store(task.id, lease)
-    if step != "heartbeat" and _fresh(task, lease):  # a heartbeat is there to renew it
+    handover = task.lease_owner != store.owner
+    if step != "heartbeat" and _fresh(task, store.owner):  # a heartbeat is there to renew it
         store.go_on(task)  # renewed a moment ago: no statement for it this time
-        return _Driver(task, store).run(step, fields)
+        return _Driver(task, store).run(step, fields, answered)
     taken = store.take_lease(lease_seconds())
     if isinstance(taken, str):
         now = Task.objects.get(id=task.id)
         if now.is_terminal:  # stopped before it ran, or recovered from a lost client
-            return _stopped(now)
+            return _remembered(store, _stopped(now), answered)
         raise ProtocolRefused("lease_held", f"task {task.id}: {taken}")
-    return _Driver(taken, store, handover=handover).run(step, fields)
+    return _Driver(taken, store, handover=handover).run(step, fields, answered)
+
+
+def _remembered(store: StepStore, answer: dict[str, Any], answered: _Answered) -> dict[str, Any]:
+    """``answer``, stored on its own (no save carries it)."""
+    kept = answered.of(answer)
+    if kept is not None:
+        store.remember(kept)
+    return answer
 
 
 def _fresh(task: Task, lease: str) -> bool:
@@ -262,8 +275,14 @@ def _settle_late(task: Task, lease: str, fields: Mapping[str, Any]) -> None:
         return
     if (checkpoint.get("attached") or {}).get("lease") != lease:
         return  # only the client that was running it may say what became of it
-    ledger = DatabaseLedger(store=open_store(task.id, lease))
-    guard = Guard.restore(dict(checkpoint["guard"]), limits_of(task), **_options(task, ledger))
+    store = open_store(task.id, lease)
+    ledger = DatabaseLedger(store=store)
+    guard = Guard.restore(
+        dict(checkpoint["guard"]),
+        limits_of(task),
+        history=lambda: store.history(task.phase),  # stopped already: no report is made
+        **_options(task, ledger),
+    )
     index = fields.get("ticket")
     ticket = next((t for t in guard.tickets if t.index == index), None)
     if ticket is None or str(ticket.status) != "executing" or ticket.call.effect != "write":
@@ -358,6 +377,9 @@ class _Driver:
         self.now = _wall_ms()
         self.ledger = DatabaseLedger(store=store)
         self.events: list[dict[str, Any]] = []
+        self.pending: Step | None = None
+        """The step's save, made once its answer is known (:meth:`run`)."""
+        self.in_progress: list[str] = []
         # What this step's usage charged: the model call's, for its trace event.
         self.tokens = 0
         self.cost: int | None = None
@@ -372,7 +394,8 @@ class _Driver:
             gap = max(0, round(self.now - float(clock.get("saved_at") or self.now)))
             saved = dict(checkpoint["guard"])
             saved["usage"] = {**used.to_dict(), "elapsed_ms": used.elapsed_ms + gap}
-            self.guard = Guard.restore(saved, limits, **options)
+            self.in_progress = _met_the_ledger(saved.get("steps"))
+            self.guard = Guard.restore(saved, limits, history=self._history, **options)
             self.clock = _Clock(clock.get("model_at"), dict(clock.get("entered") or {}))
         else:
             self.guard = Guard(limits, used=used, revision=task.revision, **options)
@@ -380,16 +403,27 @@ class _Driver:
 
     # -- the steps ---------------------------------------------------------------------------
 
-    def run(self, step: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    def run(self, step: str, fields: Mapping[str, Any], answered: _Answered) -> dict[str, Any]:
+        """Answer ``step``; its save, made last, stores the answer with it."""
         if step == "heartbeat":
             stopping = self.task.stop_requested_at is not None
-            return self._answer(stop_requested=stopping, lease_seconds=lease_seconds())
+            answer = self._answer(stop_requested=stopping, lease_seconds=lease_seconds())
+            answered.of(answer)
+            return answer
         handler = getattr(self, f"_{step}")
         try:
             self._charge(fields.get("usage"))
-            return handler(fields)  # type: ignore[no-any-return]
+            answer = handler(fields)
         except _OutOfOrder as exc:
             raise ProtocolRefused(exc.code, str(exc)) from None
+        kept = answered.of(answer)
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.answer = kept
+            self.store.save(pending)
+        elif kept is not None:
+            self.store.remember(kept)
+        return answer  # type: ignore[no-any-return]
 
     def _model(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         self._settled_first("a model call")
@@ -398,6 +432,11 @@ class _Driver:
     def _tools(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         self._settled_first("calls")
         calls = self._calls(fields.get("calls"))
+        enter = fields.get("enter", False)
+        if not isinstance(enter, bool):
+            raise InvalidInput("enter must be true or false")
+        if enter and len(calls) != 1:
+            raise InvalidInput("enter is for a model call of exactly one call")
         proposal: Any = calls[0] if len(calls) == 1 else calls
         model = self._model_event(proposal)
         admitted = self._guarded(lambda: self.guard.before_tools(proposal))
@@ -416,17 +455,28 @@ class _Driver:
             }
             return self._answer(nudge=nudge)
         self.clock.entered = {}
+        tickets = [_ticket(ticket) for ticket in admitted]
+        if enter:
+            # The client runs its one call as soon as it hears: this request is the call's
+            # entry too, decided after its admission in the same transaction, as the
+            # runner claims right after admitting.
+            return self._enter(admitted[0], admitted=tickets)
         # Admitting runs nothing: each call's entry (a claim, or a read's save) commits
         # synchronously before its tool may run, and flushes this commit with it (WAL is
         # written in order). A crash of the database server in between loses the
         # admission, and the client's next step is refused (unknown_call): nothing ran.
         self._save(durable=False)
-        return self._answer(admitted=[_ticket(ticket) for ticket in admitted])
+        return self._answer(admitted=tickets)
 
     def _call(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         ticket = self._ticket(fields.get("ticket"))
         if ticket.status != "admitted":
             raise _OutOfOrder("step_out_of_order", f"call {ticket.index} was decided already")
+        return self._enter(ticket)
+
+    def _enter(self, ticket: Ticket, **answer: Any) -> dict[str, Any]:
+        """The executor's entry of an admitted call: execute (its claim made), reuse the
+        stored result, or stop."""
         shown = preview(ticket.call.args)
         self.ledger.describe(ticket.call, shown)
         decision = self._guarded(lambda: self.guard.before_tool(ticket))
@@ -442,10 +492,10 @@ class _Driver:
         self.clock.entered = entered
         self._save()
         if decision.action is Action.EXECUTE:
-            return self._answer(action="execute")
+            return self._answer(**answer, action="execute")
         result = decision.result
         shown_result = None if result is None else redact(result.to_dict())
-        return self._answer(action="reuse", result=shown_result)
+        return self._answer(**answer, action="reuse", result=shown_result)
 
     def _result(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         ticket = self._ticket(fields.get("ticket"))
@@ -632,20 +682,37 @@ class _Driver:
         )
 
     def _checkpoint(self) -> dict[str, Any]:
-        saved = self.guard.checkpoint(history=True, steps=True)
+        # Without what grows with the phase (every key it touched, its latest completed
+        # requests): the trace has it, read back only for a stop report (_history).
+        saved = self.guard.checkpoint(history=False, steps=True)
         if "steps" in saved:
             saved["steps"]["batch"] = [_stored(raw) for raw in saved["steps"]["batch"]]
         clock = self.clock.to_dict(_wall_ms()) | {"lease": self.store.owner}
         return {"phase": self.task.phase, "guard": saved, "attached": clock}
 
+    def _history(self) -> dict[str, list[Any]]:
+        """The phase's history up to this step, which the guard asks for only to make its
+        stop report: the trace's, and the keys of the calls in progress that met the ledger
+        before this step (their request events come with their results)."""
+        try:
+            history = self.store.history(self.task.phase)
+        except DatabaseError as exc:
+            self.ledger.unavailable = exc  # not a verdict: the step rolls back (_stop)
+            raise
+        history["touched"] = [*history["touched"], *self.in_progress]
+        return history
+
     def _save(self, *, durable: bool = True) -> None:
-        """Save the step; ``durable=False`` lets this request's commit return before its
-        WAL reaches the disk (PostgreSQL), for a step that a synchronous one follows before
-        anything is run on its word."""
+        """Save the step, with the answer (:meth:`run` makes the save last, so that the
+        answer rides on it); ``durable=False`` lets this request's commit return before
+        its WAL reaches the disk (PostgreSQL), for a step that a synchronous one follows
+        before anything is run on its word."""
         usage = self.guard.usage.to_dict()
         checkpoint = self._checkpoint()
         step = Step(usage, self.guard.revision, tuple(self.events), checkpoint, durable=durable)
-        self.store.save(step)
+        if self.pending is not None:  # pragma: no cover - each step saves once
+            raise RuntimeError("a step saved twice")
+        self.pending = step
         self.events = []
 
     def _stop(self, report: Report) -> dict[str, Any]:
@@ -654,6 +721,9 @@ class _Driver:
             # step rolls back and the client asks again.
             raise DatabaseError(f"the ledger failed ({self.ledger.unavailable})")
         self._save()
+        pending, self.pending = self.pending, None
+        if pending is not None:  # pragma: no branch - just saved
+            self.store.save(pending)
         self.store.finish(report, checkpoint=self._checkpoint())
         stored = redact(report.to_dict())
         return _answer(self.task, report.state, report.remaining, stored)
@@ -666,6 +736,22 @@ class _OutOfOrder(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def _met_the_ledger(steps: Any) -> list[str]:
+    """The operation keys of a checkpoint's calls in progress that met the ledger: each
+    call entered (claimed, or found committed), and each write of a batch of several
+    (looked up whole at its admission)."""
+    if not isinstance(steps, Mapping):
+        return []
+    batch = steps.get("batch") or []
+    entered = ("executing", "reusing", "ran", "reused")
+    return [
+        str(raw["operation_key"])
+        for raw in batch
+        if raw.get("operation_key")
+        and (raw.get("status") in entered or (len(batch) > 1 and raw.get("effect") == "write"))
+    ]
 
 
 def _stored(raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -54,9 +54,15 @@ def roles_of(user: User | AnonymousUser) -> frozenset[Role]:
     cached: frozenset[Role] | None = getattr(user, "_loopguard_roles", None)
     if cached is None:
         names = set(user.groups.values_list("name", flat=True))
-        cached = frozenset(role for role in Role if role.value in names)
-        user.__dict__["_loopguard_roles"] = cached  # one query per request, not per check
+        cached = remember_roles(user, (role for role in Role if role.value in names))
     return cached
+
+
+def remember_roles(user: User | AnonymousUser, roles: Iterable[Role]) -> frozenset[Role]:
+    """Keep ``user``'s roles, as read with it (one query per request, not per check)."""
+    held = frozenset(roles)
+    user.__dict__["_loopguard_roles"] = held
+    return held
 
 
 def capabilities_of(user: User | AnonymousUser) -> frozenset[Capability]:

@@ -718,6 +718,10 @@ STEP = Body("Step", "One step of an attached task (docs/protocol.md: each step's
     object_input("usage", "what the model call since the last step spent: {tokens, cost}"),
     any_input("reserve", "model: the call's maximum cost, reserved before it starts"),
     any_input("calls", "tools: the model call's calls, [{tool, args, effect?, operation_key?}]"),
+    any_input(
+        "enter", "tools, with exactly one call: the client runs it as soon as it hears, so the "
+        "answer decides its entry too (action, result), as a call step would",
+    ),
     any_input("ticket", "call, result: the number of an admitted call"),
     any_input("result", "result: what the tool returned, {kind, data?, wait_ms?, attempts?}"),
     any_input("error", "result: what the tool raised instead, {type, message, transient}"),
@@ -762,8 +766,11 @@ STEP_ANSWER = Shape("StepAnswer", "What one step decided (docs/protocol.md).", (
         "admitted", {"type": "array", "items": OBJECT}, "tools: the tickets of the admitted calls"
     ),
     _member("nudge", OBJECT, "tools: nothing runs; show this message to the model"),
-    _member("action", one_of(["execute", "reuse"]), "call: run the tool once, or reuse result"),
-    _member("result", nullable(OBJECT), "call with reuse: the stored result"),
+    _member(
+        "action", one_of(["execute", "reuse"]),
+        "call, tools with enter: run the tool once, or reuse result",
+    ),
+    _member("result", nullable(OBJECT), "call or tools with enter, and reuse: the stored result"),
     _member("wait_ms", {"type": "number"}, "wait: milliseconds to wait before the next model call"),
     _member("stop_requested", BOOLEAN, "heartbeat: an operator asked the task to stop"),
     _member("lease_seconds", {"type": "number"}, "heartbeat: how long the lease now lasts"),

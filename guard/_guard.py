@@ -43,6 +43,8 @@ from ._values import Approval, Call, Effect, Finish, Limits, Nudge, Reason, Resu
 
 __all__ = ["Guard"]
 
+_NO_HISTORY: Mapping[str, Any] = {"touched": [], "completed": []}
+
 
 _UNPLANNED = "each proposal needs its own before_model() first"
 _CANCELLED = Refusal(State.CANCELLED, Reason.OPERATOR_STOP)
@@ -115,6 +117,9 @@ class Guard:
         self._outcome = OutcomeStep(self._detector, self._settlement, self._record, self._observer)
         self._approvals = ApprovalGate(needs_approval, approvals)
         self._summarised = False  # the stop's one summary turn was handed out
+        # Where the history left out of a restored checkpoint is, asked for only when a
+        # report or a whole checkpoint needs it (restore(history=callable)).
+        self._earlier: Callable[[], Mapping[str, Any]] | None = None
         self._batch: list[Ticket] = []  # the calls of the current model call
         self._planning = False  # a model call was admitted and its proposal is awaited
 
@@ -164,6 +169,8 @@ class Guard:
         what grows with the phase (see :meth:`history`): a host that keeps it elsewhere
         (a trace) hands it back to :meth:`restore`.
         """
+        if history:
+            self._recall()
         saved = compose(
             self._budget,
             self._detector,
@@ -195,19 +202,31 @@ class Guard:
         checkpoint: Mapping[str, Any],
         limits: Limits | None = None,
         *,
-        history: Mapping[str, Any] | None = None,
+        history: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
         **options: Any,
     ) -> Guard:
         """A guard that goes on from ``checkpoint`` (see :meth:`checkpoint`; version 1
         checkpoints of earlier releases are read too).
 
         ``history`` gives back what ``checkpoint(history=False)`` left out, in the shape of
-        :meth:`history`. ``options`` are the constructor's keyword arguments except
-        ``used`` and ``revision``, which come from the checkpoint. Raises ``ValueError`` if
-        the checkpoint is malformed or of an unknown version.
+        :meth:`history`; or a callable returning it, called only if the guard needs it (to
+        make its stop report, or a checkpoint with ``history=True``), at most once: a host
+        that restores for every step reads what grows with the phase only when it stops.
+        What the callable returns must be the phase's history up to the checkpoint; what
+        the guard does after the restore is added to it. A callable that raises leaves the
+        report without the earlier history (the ledger and the host's records keep it).
+        ``options`` are the constructor's keyword arguments except ``used`` and
+        ``revision``, which come from the checkpoint. Raises ``ValueError`` if the
+        checkpoint is malformed or of an unknown version.
         """
+        later: Callable[[], Mapping[str, Any]] | None = None
+        given: Mapping[str, Any] | None
+        if callable(history):
+            later, given = history, _NO_HISTORY
+        else:
+            given = history
         try:
-            parts = parts_of(checkpoint, history)
+            parts = parts_of(checkpoint, given)
             used, revision = usage_from(parts["usage"]), count(parts["detector"]["revision"])
             guard = cls(limits, used=used, revision=revision, **options)
             load(
@@ -222,6 +241,7 @@ class Guard:
                 guard._resume_steps(checkpoint["steps"])
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed checkpoint: {exc!r}") from exc
+        guard._earlier = later
         return guard
 
     # -- driver --------------------------------------------------------------------------
@@ -298,11 +318,16 @@ class Guard:
         (its first observation), else ``None``."""
         return self._approvals.rejection()
 
-    def before_tools(self, proposal: Any) -> list[Ticket] | Nudge | Report:
+    def before_tools(self, proposal: Any, *, enter: bool = False) -> list[Ticket] | Nudge | Report:
         """Admit the calls of one model call, each checked before any of them runs.
 
         Returns the admitted tickets in order, a :class:`Nudge` to show the model instead
         (nothing runs), or the stop report. Counts one request per call examined.
+
+        ``enter=True`` is the host's promise that it calls :meth:`before_tool` for a
+        one-call proposal at once: a guard asked over the network (``guard.remote``) then
+        decides the entry with the admission, in one request. Here, where asking costs
+        nothing, :meth:`before_tool` decides it as always, at the same moment.
         """
         if self._record.report is not None:
             return self._record.report
@@ -502,6 +527,20 @@ class Guard:
         self._outcome.wait_ms = float(raw["wait_ms"])
         self._budget.hold(raw.get("spend_held"))
 
+    def _recall(self) -> None:
+        """Put back the history a restore left with the host (``restore(history=callable)``),
+        once, before what was done since."""
+        source, self._earlier = self._earlier, None
+        if source is None:
+            return
+        try:
+            earlier = source()
+            touched, completed = earlier["touched"], earlier["completed"]
+            self._settlement.recall(touched)
+            self._record.recall(completed)
+        except Exception:  # noqa: S110 - the report must still be made; the ledger keeps the truth
+            pass
+
     def _between_calls(self) -> Report | None:
         """Before new calls (planned or approved): an execution never reported is lost,
         the last batch is done, a stop asked for is honoured."""
@@ -555,6 +594,7 @@ class Guard:
         while it was admitted); later stops return the first report."""
         if self._record.report is not None:
             return self._record.report
+        self._recall()
         batch = stopped(self._batch)  # first: the report's call then shows it was not run
         pending = None
         if refusal.reason is Reason.APPROVAL_REQUIRED and isinstance(subject, Ticket):

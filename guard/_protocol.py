@@ -30,8 +30,9 @@ class StepGuard(Protocol):
     def spend_tokens(self, tokens: int) -> None:
         """Charge model usage to the token budget."""
 
-    def before_tools(self, proposal: Any) -> list[Ticket] | Nudge | Report:
-        """Admit the calls of one model call."""
+    def before_tools(self, proposal: Any, *, enter: bool = False) -> list[Ticket] | Nudge | Report:
+        """Admit the calls of one model call (``enter``: the host enters a one-call
+        proposal at once, so its entry may be decided with its admission)."""
 
     def before_tool(self, ticket: Ticket) -> Decision:
         """Decide at the executor's entry: execute, reuse or stop."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -340,7 +340,18 @@ class Record:
     def load(self, raw: Mapping[str, Any]) -> None:
         """Take back a part made by :meth:`checkpoint` (``TypeError``/``KeyError`` if not)."""
         self.total = count(raw.get("completed_total", 0))
-        self.completed.extend(
-            (text(t), text(fp), key if key is None else text(key), bool(r), count(rev))
-            for t, fp, key, r, rev in raw["completed"]
-        )
+        self.completed.extend(_completed(raw["completed"]))
+
+    def recall(self, completed: Iterable[Sequence[Any]]) -> None:
+        """Put the requests completed before a restore back ahead of those completed since
+        (the total was in the checkpoint)."""
+        since = list(self.completed)
+        self.completed.clear()
+        self.completed.extend(_completed(completed))
+        self.completed.extend(since)
+
+
+def _completed(raw: Iterable[Sequence[Any]]) -> Iterator[tuple[str, str, str | None, bool, int]]:
+    """Completed requests as a checkpoint keeps them, checked."""
+    for t, fp, key, r, rev in raw:
+        yield text(t), text(fp), key if key is None else text(key), bool(r), count(rev)

@@ -11,7 +11,7 @@ remembered for the stop report.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ._checks import Cancellation, Refusal, present, settlement, text
@@ -253,6 +253,11 @@ class SettlementStep:
     def load(self, raw: Mapping[str, Any]) -> None:
         """Take back a part made by :meth:`checkpoint` (``TypeError``/``KeyError`` if not)."""
         self.touched = {text(key): None for key in raw["touched"]}
+
+    def recall(self, touched: Iterable[str]) -> None:
+        """Put the keys touched before a restore back ahead of those touched since."""
+        earlier = {text(key): None for key in touched}
+        self.touched = earlier | self.touched
 
 
 def in_flight_elsewhere(key: str) -> Result:

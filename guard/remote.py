@@ -25,6 +25,11 @@ What it promises:
   same ``request_id``: the console answers a request it has already seen with its stored
   answer and never claims twice. A step the caller asks again after
   :exc:`ConsoleUnreachable`, with the same content, is sent with that request id too.
+- **One connection.** Requests go over one kept-alive connection (HTTP/1.1); one the
+  console closed while idle is opened again and the request sent once more, with its own
+  request id. ``before_tools(proposal, enter=True)`` (a host that runs a one-call
+  proposal's call at once) has the call's entry decided in the admission's request: a
+  step is then two requests, not three.
 - **Usage rides along.** ``spend_tokens`` and ``settle_spend`` make no request: they are
   sent as the next step's ``usage``, and kept until a step carrying them is answered (an
   answer that was lost may have charged them already; a budget is never under-counted).
@@ -46,6 +51,8 @@ new process continues a task with :meth:`RemoteGuard.attach`); and an in-process
 
 from __future__ import annotations
 
+import base64
+import http
 import http.client
 import json
 import logging
@@ -54,14 +61,13 @@ import os
 import socket
 import threading
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import fields as dataclass_fields
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from ._checks import amount, as_calls, describe, evidence_problem, plain, safe_repr, transient_error
 from ._driver import Inspect
@@ -149,24 +155,19 @@ class _Lost(Exception):
         self.cause = cause
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """A redirect is answered as what it is: a POST is not replayed elsewhere (nor its
-    bearer token sent there)."""
-
-    def redirect_request(
-        self,
-        req: urllib.request.Request,
-        fp: IO[bytes],
-        code: int,
-        msg: str,
-        headers: http.client.HTTPMessage,
-        newurl: str,
-    ) -> urllib.request.Request | None:
-        return None
-
-
 class _Transport:
-    """POSTs JSON to one console with a bearer token; retries what may be retried."""
+    """POSTs JSON to one console with a bearer token over one kept-alive connection;
+    retries what may be retried.
+
+    The connection is opened on first use and kept while the console keeps it (a step is
+    a few small requests in a row: a new connection for each would cost more than the
+    request). One that the console closed while idle is opened again at once, and the
+    request sent on it once more: a request the console may have answered is only ever
+    repeated with its own request id. A proxy named by the environment (``https_proxy``,
+    ``http_proxy``, ``no_proxy``, as ``urllib`` reads them) is used as ``urllib`` would:
+    a tunnel for https, the whole URL for http. A redirect is answered as what it is: a
+    POST is not replayed elsewhere (nor its bearer token sent there).
+    """
 
     def __init__(
         self,
@@ -178,7 +179,7 @@ class _Transport:
         sleep: Callable[[float], None],
     ) -> None:
         parts = urllib.parse.urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        if parts.scheme not in ("http", "https") or not parts.netloc or not parts.hostname:
             raise ValueError(f"the console's URL must be http(s)://host[:port], not {base_url!r}")
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             raise ValueError(f"retries must be a non-negative int, got {retries!r}")
@@ -189,7 +190,14 @@ class _Transport:
         self.retries = retries
         self._token = token
         self._sleep = sleep
-        self._opener = urllib.request.build_opener(_NoRedirects)
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._port = parts.port
+        self._prefix = parts.path.rstrip("/")
+        self._proxy = _proxy_for(parts)
+        self._connection: http.client.HTTPConnection | None = None
+        self._used = False  # whether the open connection carried a request already
+        self._lock = threading.Lock()  # one request at a time on the connection
 
     def post(self, path: str, body: Mapping[str, Any], *, retries: int | None = None) -> Any:
         """The JSON answer (an object) to ``body`` at ``path``. Raises
@@ -205,40 +213,30 @@ class _Transport:
                 delay = _BACKOFF_FIRST * _BACKOFF_FACTOR ** (attempt - 1)
                 self._sleep(round(min(delay, _BACKOFF_MAX), 3))
             try:
-                return self._once(url, data)
+                return self._once(path, data)
             except _Lost as lost:
                 cause = lost.cause
                 log.debug("no answer from %s (attempt %d): %s", url, attempt + 1, lost)
         assert cause is not None  # noqa: S101 - the loop ran at least once
         raise ConsoleUnreachable(url, cause, tries + 1) from cause
 
-    def _once(self, url: str, data: bytes) -> Any:
-        request = urllib.request.Request(  # noqa: S310 - the scheme is checked to be http(s)
-            url,
-            data=data,
-            method="POST",
-            headers={
-                "Content-Type": "application/json",
-                "Accept": "application/json",
-                "Authorization": f"Bearer {self._token}",
-            },
-        )
-        try:
-            with self._opener.open(request, timeout=self.timeout) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as refused:
-            status = refused.code
+    def close(self) -> None:
+        """Close the kept connection (the next request opens another)."""
+        with self._lock:
+            self._drop()
+
+    def _once(self, path: str, data: bytes) -> Any:
+        with self._lock:
             try:
-                text = refused.read()
-            except Exception:  # the refusal's body is a courtesy; its status decides
-                text = b""
-            finally:
-                refused.close()
-            if status == 429 or status >= 500:
-                raise _Lost(refused) from refused
-            raise _refusal(status, text, url) from None
-        except (OSError, http.client.HTTPException) as exc:  # URLError, timeouts, resets
-            raise _Lost(exc) from exc
+                status, raw = self._exchange(path, data)
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                # A kept connection the console closed while it was idle: once more, anew.
+                status, raw = self._exchange(path, data)
+        url = self.base_url + path
+        if status == 429 or status >= 500:
+            raise _Lost(_Answered(status, raw, url))
+        if not 200 <= status < 300:
+            raise _refusal(status, raw, url)
         try:
             answer = json.loads(raw)
         except ValueError as exc:  # cut short or garbled on the way: ask again
@@ -246,6 +244,101 @@ class _Transport:
         if not isinstance(answer, dict):
             raise _Lost(ValueError(f"the answer is {type(answer).__name__}, not an object"))
         return answer
+
+    def _exchange(self, path: str, data: bytes) -> tuple[int, bytes]:
+        """Send one request and read its whole answer: the status and the body. A failure
+        on a connection that had carried a request before is raised as it is (the caller
+        may try a new one); any other is :class:`_Lost`."""
+        connection = self._connection
+        if connection is None:
+            connection = self._connection = self._connect()
+            self._used = False
+        target = self._prefix + path
+        if self._proxy is not None and not self._https:
+            target = self.base_url + path  # a proxy of plain http is sent the whole URL
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "Authorization": f"Bearer {self._token}",
+        }
+        if self._proxy is not None and not self._https and self._proxy.authorization:
+            headers["Proxy-Authorization"] = self._proxy.authorization
+        try:
+            connection.request("POST", target, body=data, headers=headers)
+            response = connection.getresponse()
+            raw = response.read()
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            self._drop()
+            if self._used:
+                raise
+            raise _Lost(ConnectionResetError("the console closed the connection")) from None
+        except (OSError, http.client.HTTPException) as exc:  # timeouts, refusals, garbage
+            self._drop()
+            raise _Lost(exc) from exc
+        self._used = True
+        if response.will_close:
+            self._drop()
+        return response.status, raw
+
+    def _connect(self) -> http.client.HTTPConnection:
+        proxy = self._proxy
+        if proxy is None:
+            if self._https:
+                return http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout)
+            return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+        if not self._https:
+            return http.client.HTTPConnection(proxy.host, proxy.port, timeout=self.timeout)
+        # Through the proxy's tunnel (CONNECT): TLS with the console itself.
+        tunnelled = http.client.HTTPSConnection(proxy.host, proxy.port, timeout=self.timeout)
+        tunnel = {"Proxy-Authorization": proxy.authorization} if proxy.authorization else {}
+        tunnelled.set_tunnel(self._host, self._port, headers=tunnel)
+        return tunnelled
+
+    def _drop(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
+
+
+class _Answered(Exception):
+    """An answer that says to ask again (a 5xx, a 429)."""
+
+    def __init__(self, status: int, body: bytes, url: str) -> None:
+        super().__init__(f"HTTP Error {status}: {_reason(status)} ({url})")
+        self.status = status
+        self.body = body
+
+
+def _reason(status: int) -> str:
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return "unknown status"
+
+
+class _Proxy:
+    """The proxy that ``urllib`` would use for the console's URL."""
+
+    def __init__(self, url: str) -> None:
+        parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        if not parts.hostname:
+            raise ValueError(f"the proxy {url!r} names no host")
+        self.host = parts.hostname
+        self.port = parts.port or 8080
+        self.authorization = ""
+        if parts.username is not None:
+            user = urllib.parse.unquote(parts.username)
+            password = urllib.parse.unquote(parts.password or "")
+            token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+            self.authorization = f"Basic {token}"
+
+
+def _proxy_for(parts: urllib.parse.SplitResult) -> _Proxy | None:
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parts.scheme)
+    if not proxy or urllib.request.proxy_bypass(parts.netloc):
+        return None
+    return _Proxy(proxy)
 
 
 def _refusal(status: int, body: bytes, url: str) -> ProtocolError:
@@ -369,6 +462,8 @@ class RemoteGuard:
         # model call's allowance when there was no wait.
         self._wait_ahead: float | None = None
         self._model_ahead = False
+        # A one-call proposal's entry, decided with its admission (``before_tools(enter=)``).
+        self._entered: Mapping[str, Any] | None = None
         self._unanswered: tuple[str, dict[str, Any]] | None = None
 
     # -- making one ------------------------------------------------------------------------
@@ -530,9 +625,18 @@ class RemoteGuard:
             self._settleable = True
             return None
 
-    def before_tools(self, proposal: Any) -> list[Ticket] | Nudge | Report:
+    def before_tools(self, proposal: Any, *, enter: bool = False) -> list[Ticket] | Nudge | Report:
         """Admit the calls of one model call (a :class:`~guard.Call` or a list of them):
         the tickets, a :class:`~guard.Nudge` to show the model instead, or the stop report.
+
+        ``enter=True`` promises that the host calls :meth:`before_tool` for a proposal of
+        one call at once, with nothing in between (no person asked, no other check that
+        may drop the call): the console then decides the call's entry — its claim, for a
+        write — in the same request, and :meth:`before_tool` hands that decision back
+        without asking again. A step is then two requests, not three. A host that may not
+        run an admitted call straight away (an approval step of its framework, say) must
+        not promise it: a write claimed and never run waits for a person as ``UNKNOWN``.
+        With several calls ``enter`` is ignored (each is entered on its own).
 
         A proposal that is not well-formed calls, or whose arguments JSON cannot hold, is
         not sent: the task is halted ``FAILED``/``bad_call`` or ``bad_args`` (unlike the
@@ -558,8 +662,13 @@ class RemoteGuard:
                 if call.operation_key is not None:
                     item["operation_key"] = call.operation_key
                 wire.append(item)
-            answer = self._step("tools", {"calls": wire})
+            entering = enter and len(wire) == 1
+            fields: dict[str, Any] = {"calls": wire}
+            if entering:
+                fields["enter"] = True
+            answer = self._step("tools", fields)
             self._tickets = []
+            self._entered = None
             if (stop := self._stopped()) is not None:
                 return stop
             if "nudge" in answer:
@@ -568,6 +677,8 @@ class RemoteGuard:
             if not isinstance(admitted, list) or not admitted:
                 raise _invalid("a tools step answered neither tickets, a nudge nor a stop")
             self._tickets = [_ticket(item, calls) for item in admitted]
+            if entering:
+                self._entered = answer
             return list(self._tickets)
 
     def before_tool(self, ticket: Ticket, *, lookup: Any = None) -> Decision:
@@ -584,7 +695,9 @@ class RemoteGuard:
                 raise ValueError(
                     "before_tool() needs a fresh ticket from the current before_tools()"
                 )
-            answer = self._step("call", {"ticket": ticket.index})
+            answer, self._entered = self._entered, None
+            if answer is None or "action" not in answer:  # not decided with the admission
+                answer = self._step("call", {"ticket": ticket.index})
             if (stop := self._stopped()) is not None:
                 self._not_run()
                 return Decision(Action.STOP, ticket, report=stop)
@@ -703,12 +816,13 @@ class RemoteGuard:
     # -- closing ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the heartbeat (the task itself goes on: its lease runs out unless another
-        :meth:`attach` takes it). Safe to call more than once."""
+        """Stop the heartbeat and close the connection (the task itself goes on: its lease
+        runs out unless another :meth:`attach` takes it). Safe to call more than once."""
         self._quiet.set()
         beater = self._beater
         if beater is not None and beater is not threading.current_thread():
             beater.join(self._transport.timeout + 1.0)
+        self._transport.close()
 
     def __enter__(self) -> Self:
         return self

@@ -37,6 +37,19 @@ class LeaseLost(LostRace):
     """Another driver holds the task now (or nobody): this one must not touch it any more."""
 
 
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An attached step's answer, kept under its request id so that a retried request (the
+    same id) gets it again and changes nothing; ``body_hash`` tells a retry from another
+    request under the same id. Stored with the step's save (:attr:`Step.answer`), or on its
+    own (:meth:`StepStore.remember`)."""
+
+    request_id: str
+    step: str
+    body_hash: str
+    answer: Mapping[str, Any]
+
+
 @dataclass(slots=True)
 class Step:
     """What a driver saves after a step: the task's counters as they stand (``usage``,
@@ -47,8 +60,9 @@ class Step:
 
     ``durable=False`` lets the commit return before it reaches the disk (PostgreSQL):
     only for a save that the next synchronous commit follows before any write runs.
-    ``saved`` is set by the store once the step is committed (also when it rode on a
-    claim that then refused).
+    ``answer``: the attached step's answer, stored with the save (not with a save carried
+    by a claim). ``saved`` is set by the store once the step is committed (also when it
+    rode on a claim that then refused).
     """
 
     usage: Mapping[str, int]
@@ -56,6 +70,7 @@ class Step:
     events: Sequence[Mapping[str, Any]] = ()
     checkpoint: Mapping[str, Any] | None = None
     durable: bool = True
+    answer: Answer | None = None
     saved: Saved | None = None
 
 
@@ -87,6 +102,16 @@ class StepStore(Protocol):
 
     task_id: int
     owner: str
+
+    def open_step(self, request_id: str | None) -> tuple[Task, Answer | None] | None:
+        """Lock the task's row until the caller's transaction ends and read it, with the
+        answer stored under ``request_id`` (``None``: none is looked for); ``None`` if
+        there is no such task. An attached step's first statement."""
+        ...
+
+    def remember(self, answer: Answer) -> None:
+        """Store an attached step's ``answer`` when no save carries it."""
+        ...
 
     def take_lease(self, seconds: float) -> Task | str:
         """Take (or, by its holder, take again) the lease for ``seconds``; the task as it
@@ -178,6 +203,7 @@ def open_store(task_id: int, owner: str) -> StepStore:
 
 
 __all__ = [
+    "Answer",
     "LeaseLost",
     "Record",
     "Saved",

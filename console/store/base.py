@@ -17,8 +17,8 @@ from guard.steps import COMPLETED_KEPT, DIMENSIONS, OPERATION_MOVES, ClaimStatus
 from guard.steps import Operation as Entry
 
 from .. import lifecycle
-from ..models import Decision, EventKind, Operation, Task, TaskState, TraceEvent
-from . import LeaseLost, Record, Saved, Step
+from ..models import Decision, EventKind, Operation, StepRequest, Task, TaskState, TraceEvent
+from . import Answer, LeaseLost, Record, Saved, Step
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,31 @@ class BaseStore:
         self.owner = owner
         self.next_seq = 1
         self.phase = 1
+
+    # -- an attached step --------------------------------------------------------------------
+
+    def open_step(self, request_id: str | None) -> tuple[Task, Answer | None] | None:
+        task = Task.objects.select_for_update().filter(id=self.task_id).first()
+        if task is None:
+            return None
+        prior = None
+        if request_id is not None:
+            row = (
+                StepRequest.objects.filter(task_id=self.task_id, request_id=request_id)
+                .values_list("step", "body_hash", "answer")
+                .first()
+            )
+            prior = None if row is None else Answer(request_id, *row)
+        return task, prior
+
+    def remember(self, answer: Answer) -> None:
+        StepRequest.objects.create(
+            task_id=self.task_id,
+            request_id=answer.request_id,
+            step=answer.step,
+            body_hash=answer.body_hash,
+            answer=dict(answer.answer),
+        )
 
     # -- the lease -------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
+from django.db import connection
 from django.utils import timezone
 
 from guard import Result
@@ -38,9 +39,9 @@ from guard.steps import OPERATION_MOVES, Claim, ClaimStatus, LedgerError
 from guard.steps import Operation as Entry
 
 from ..lifecycle import entry_of
-from ..models import Operation
+from ..models import Operation, Task
 from ..statements import fetch_one
-from . import LeaseLost, Record, Saved, Step, StopRecorded
+from . import Answer, LeaseLost, Record, Saved, Step, StopRecorded
 from .base import _CLAIM_ANSWERS, _DIMENSIONS, BaseStore, _states
 
 
@@ -138,6 +139,28 @@ _EVENTS = (
 
 _COUNTERS = ", ".join(f"{name} = %s" for name in (*_DIMENSIONS, "revision"))
 
+# An attached step's answer, stored by the step's save (only if the save found the row).
+_ANSWER = (
+    "answered AS (INSERT INTO console_steprequest (task_id, request_id, step, body_hash,"
+    " answer, at) SELECT %s, %s, %s, %s, %s::jsonb, %s FROM saved)"
+)
+
+# An attached step's first statement: the task row, locked until the step commits (a Stop,
+# a resumption or another request of the task waits for it), with the answer a retried
+# request id was given (the unique (task, request_id) makes it one row at most).
+_TASK_FIELDS = tuple(Task._meta.concrete_fields)
+_OPEN_STEP = (
+    "SELECT "  # noqa: S608 - column names from the model
+    + ", ".join(f"t.{field.column}" for field in _TASK_FIELDS)
+    + ", r.step, r.body_hash, r.answer FROM console_task t"
+    " LEFT JOIN console_steprequest r ON r.task_id = t.id AND r.request_id = %s"
+    " WHERE t.id = %s FOR UPDATE OF t"
+)
+_TASK_NAMES = [field.attname for field in _TASK_FIELDS]
+# What the ORM does to a column's value on the way in (JSON arrives as text: Django decodes
+# it itself, as the answer's is decoded below); None where it takes the value as it comes.
+_TASK_CONVERTERS = tuple(getattr(field, "from_db_value", None) for field in _TASK_FIELDS)
+
 
 @cache
 def _save_ctes(events: int, checkpoint: bool, durable: bool) -> str:
@@ -156,8 +179,10 @@ def _save_ctes(events: int, checkpoint: bool, durable: bool) -> str:
 
 
 @cache
-def _save_sql(events: int, checkpoint: bool, durable: bool) -> str:
+def _save_sql(events: int, checkpoint: bool, durable: bool, answer: bool = False) -> str:
     ctes = _save_ctes(events, checkpoint, durable)
+    if answer:
+        ctes = f"{ctes}, {_ANSWER}"
     return f"WITH {ctes} SELECT stopping, lease_owner FROM saved"  # noqa: S608
 
 
@@ -189,6 +214,21 @@ def _claim_sql(carried_events: int | None, checkpoint: bool = False) -> str:
 
 class PostgresStore(BaseStore):
     """:class:`console.store.StepStore` on PostgreSQL."""
+
+    def open_step(self, request_id: str | None) -> tuple[Task, Answer | None] | None:
+        row = fetch_one(_OPEN_STEP, [request_id, self.task_id])
+        if row is None:
+            return None
+        fields = len(_TASK_FIELDS)
+        values = [
+            value if convert is None else convert(value, None, connection)
+            for convert, value in zip(_TASK_CONVERTERS, row[:fields], strict=True)
+        ]
+        task = Task.from_db(connection.alias, _TASK_NAMES, values)
+        step, body_hash, answer = row[fields:]
+        if request_id is None or step is None:
+            return task, None
+        return task, Answer(request_id, step, body_hash, json.loads(answer))
 
     def stop_requested(self) -> bool:
         row = fetch_one(_STOP_FACT, [self.task_id])
@@ -272,8 +312,19 @@ class PostgresStore(BaseStore):
     def _save(self, step: Step, record: Record | None) -> Saved:
         events, checkpoint = min(len(step.events), 1), step.checkpoint is not None
         if record is None:
-            row = fetch_one(_save_sql(events, checkpoint, step.durable), self._save_params(step))
-            return self._saved(step, row)
+            answer = step.answer
+            sql = _save_sql(events, checkpoint, step.durable, answer is not None)
+            params = self._save_params(step)
+            if answer is not None:
+                params += (
+                    self.task_id,
+                    answer.request_id,
+                    answer.step,
+                    answer.body_hash,
+                    json.dumps(answer.answer),
+                    timezone.now(),
+                )
+            return self._saved(step, fetch_one(sql, params))
         params = self._move_params(record.key, record.fingerprint, "record", record.result)
         row = fetch_one(
             _save_with_record_sql(events, checkpoint),
@@ -282,7 +333,10 @@ class PostgresStore(BaseStore):
         failed = None
         if row is not None and row[2] == 0:
             failed = self._why_not(record.key, record.fingerprint, "record")
-        return self._saved(step, row, failed)
+        saved = self._saved(step, row, failed)
+        if step.answer is not None:
+            self.remember(step.answer)
+        return saved
 
     def _save_params(self, step: Step, now: datetime | None = None) -> list[Any]:
         """The parameters of a save: counters, the time, the checkpoint, the lease, then

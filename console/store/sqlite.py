@@ -113,7 +113,7 @@ class SqliteStore(BaseStore):
         return self._move(key, move, fingerprint=fingerprint, result=result)
 
     def _save(self, step: Step, record: Record | None) -> Saved:
-        if record is None and not step.events:
+        if record is None and not step.events and step.answer is None:
             return self._took(step, self._write(step))
         with transaction.atomic():
             failed: LedgerError | None = None
@@ -125,6 +125,8 @@ class SqliteStore(BaseStore):
                 except LedgerError as exc:
                     failed = exc
             saved = self._write(step)
+            if step.answer is not None:
+                self.remember(step.answer)
         return self._took(step, Saved(saved.stop_requested, failed))
 
     def _took(self, step: Step, saved: Saved) -> Saved:

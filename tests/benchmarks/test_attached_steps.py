@@ -52,7 +52,9 @@ def test_its_help_says_what_every_column_and_row_means() -> None:
         [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True
     )
 
-    for name in (*bench.HEADS, bench.HOSTED, "attached, N clients", "attached / hosted"):
+    for name in (
+        *bench.HEADS, bench.HOSTED, bench.BY_CALL, "attached, N clients", "attached / hosted"
+    ):
         assert name in done.stdout
     for option in ("--steps", "--clients", "--quick", "--rounds"):
         assert option in done.stdout
@@ -76,15 +78,22 @@ def test_a_small_run_prints_every_row_and_every_attached_task_did_its_steps_once
     assert re.search(rf"^hosted, 1 worker(?:{number}){{2}}{number}\s+-(?:{number}){{2}}\s+-$",
                      out, re.MULTILINE), out  # fmt: skip
     for row in ("attached, 1 client ", "attached, 2 clients"):
-        # Every column measured: steps/s ... total CPU, and 3.167 requests a step (tools,
-        # call and result for each of the 6 steps, and the first model call's).
-        assert re.search(rf"^{row}(?:{number}){{6}}\s+3\.167$", out, re.MULTILINE), out
-    assert "attached / hosted step (1 client vs 1 worker): wall " in out
+        # Every column measured: steps/s ... total CPU, and 2.167 requests a step (tools
+        # with the call's entry, and result, for each of the 6 steps, and the first model
+        # call's).
+        assert re.search(rf"^{row}(?:{number}){{6}}\s+2\.167$", out, re.MULTILINE), out
+    # The call step entered on its own: tools, call and result.
+    assert re.search(rf"^attached, call step(?:{number}){{6}}\s+3\.167$", out, re.MULTILINE)
+    for row in ("attached, 1 client", "attached, call step"):
+        assert f"{row} / hosted, 1 worker: wall " in out
     assert "total CPU " in out and "target <= 2x" in out
-    # 1 + 2 tasks of 6 steps, 3 writes each: each step executed once, each notice sent once.
+    assert re.search(r"^floor: an API request that does nothing .* costs at least [\d.]+ ms wall",
+                     out, re.MULTILINE), out  # fmt: skip
+    # 1 + 2 + 1 tasks of 6 steps, 3 writes each: each step executed once, each notice once.
     assert (
-        "checked: 3 attached tasks COMPLETED/goal_met, executions 18 for 18 steps; "
-        "notices 9 sent for 9 writes, 0 sent twice; 9 operations committed at the first attempt"
+        "checked: 4 attached tasks COMPLETED/goal_met, executions 24 for 24 steps; "
+        "notices 12 sent for 12 writes, 0 sent twice; 12 operations committed at the first "
+        "attempt"
     ) in out
 
     where = bench.Scratch.from_url(env["DATABASE_URL"])

@@ -347,3 +347,29 @@ def test_a_one_call_step_costs_the_client_three_requests_and_one_more_to_finish(
     assert (steps.count("tools"), steps.count("call"), steps.count("result")) == (3, 3, 3)
     task = Task.objects.get(id=guard.task)
     assert task.model_calls == 4 and task.executions == 3  # 3 proposals and the finish
+
+
+def test_a_one_call_step_entered_with_its_admission_costs_two_requests(
+    url: str, token: Callable[[Role], str]
+) -> None:
+    """A loop that runs each call as soon as it is admitted (``enter=True``) asks for the
+    admission and the entry in one request: tools and result per step, the writes claimed
+    once and committed all the same."""
+    with RemoteGuard.start(
+        url, token=token(Role.AGENT), agent="notifier", tools={"send_notice": "write"},
+        limits={**LIMITS, "model_calls": 20, "requests": 20, "executions": 20}, heartbeat=False,
+    ) as guard:  # fmt: skip
+        assert guard.before_model() is None
+        for n in range(1, 4):
+            notice = Call("send_notice", {"n": n}, effect="write", operation_key=f"enter-{n}")
+            (ticket,) = guard.before_tools(notice, enter=True)
+            assert guard.before_tool(ticket).action is Action.EXECUTE
+            assert guard.after_tool(ticket, Result(Kind.SUCCESS, f"n{n}"), inspect=None) is None
+            assert guard.before_wait() == 0.0
+            assert guard.before_model() is None
+        report = guard.finish(Finish("sent"), inspect=None)
+    assert report.reason == "goal_unverified" and report.executions == 3
+    steps = list(StepRequest.objects.filter(task_id=guard.task).values_list("step", flat=True))
+    assert (steps.count("tools"), steps.count("call"), steps.count("result")) == (3, 0, 3)
+    operations = Operation.objects.filter(key__startswith="enter-").order_by("key")
+    assert [(op.state, op.attempts) for op in operations] == [(OperationState.COMMITTED, 1)] * 3

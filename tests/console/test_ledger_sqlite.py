@@ -347,3 +347,58 @@ def test_on_sqlite_a_claim_that_rolls_back_leaves_its_carried_step_unsaved(tmp_p
     assert (seen["carried_saved"], seen["claimed"]) == (False, False)
     assert seen["trace"] == [[1, "model_call"]]
     assert seen["next_seq"] == 2
+
+
+# An attached agent's steps on SQLite: the step store's ORM path (the task row read with
+# the step, the answer stored with it) in place of PostgreSQL's statements.
+ATTACHED = """
+import json
+import django
+django.setup()
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from console import attached
+from console.models import Operation, StepRequest
+call_command("migrate", verbosity=0)
+user = User.objects.create_user("bot")
+lease = "bot:1:0001"
+limits = {"deadline_ms": 600000, "model_calls": 8, "requests": 8, "executions": 6}
+answer, _ = attached.attached_start(actor=user, request_id="s", lease=lease, agent="bot",
+    client="tests", tools={"refund": "write"}, limits=limits, fingerprint="s")
+task = answer["task"]
+def step(name, request_id, **fields):
+    return attached.attached_step(task_id=task, request_id=request_id, lease=lease, step=name,
+        fields=fields, fingerprint=attached.body_hash({"step": name, **fields}))
+out = {}
+step("model", "m-1")
+refund = {"tool": "refund", "args": {"n": 1}, "operation_key": "k-1"}
+first = step("tools", "t-1", calls=[refund], enter=True)
+out["again"] = step("tools", "t-1", calls=[refund], enter=True) == first
+out["action"] = first.get("action")
+op = Operation.objects.get(key="k-1")
+out["claimed"] = [op.state, op.attempts]
+result = {"kind": "SUCCESS", "data": {"refund": 1}}
+out["allowed"] = step("result", "r-1", ticket=0, result=result, then="model").get("allowed")
+lost = {"tool": "refund", "args": {"n": 2}, "operation_key": "k-2"}
+step("tools", "t-2", calls=[lost], enter=True)
+error = {"type": "TimeoutError", "message": "lost", "transient": False}
+stop = step("result", "r-2", ticket=0, error=error)["stop"]
+out["stop"] = [stop["state"], [[o["key"], o["state"]] for o in stop["operations"]]]
+out["answers"] = StepRequest.objects.filter(task_id=task).exclude(step="start").count()
+print(json.dumps(out))
+"""
+
+
+def test_on_sqlite_an_attached_agents_steps_claim_once_and_report_every_write(
+    tmp_path: Path,
+) -> None:
+    steps = python(ATTACHED, env=standalone_env(tmp_path))
+    out, err = steps.communicate(timeout=180)
+    assert steps.returncode == 0, err
+    seen = json.loads(out.strip().splitlines()[-1])
+
+    assert seen["again"] is True  # a retried request: the same answer, no second claim
+    assert seen["action"] == "execute" and seen["claimed"] == ["IN_FLIGHT", 1]
+    assert seen["allowed"] is True
+    assert seen["stop"] == ["NEEDS_HUMAN", [["k-1", "COMMITTED"], ["k-2", "UNKNOWN"]]]
+    assert seen["answers"] == 5  # model, tools, result, tools, result: each stored once

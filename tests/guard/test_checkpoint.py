@@ -189,3 +189,79 @@ def test_a_version_2_checkpoint_missing_a_part_is_refused(part: str) -> None:
 
     with pytest.raises(ValueError, match="malformed checkpoint"):
         Guard.restore(saved, LIMITS)
+
+
+class Asked:
+    """A host's history, handed over when the guard asks for it; counts the asking."""
+
+    def __init__(self, history: dict[str, Any] | None) -> None:
+        self.history = history
+        self.times = 0
+
+    def __call__(self) -> dict[str, Any]:
+        self.times += 1
+        if self.history is None:
+            raise OSError("the trace cannot be read")
+        return self.history
+
+
+def later(guard: Guard, world: World, ledger: InMemoryLedger, asked: Asked) -> Guard:
+    """``guard`` restored in another process, its history left with the host."""
+    light = json.loads(json.dumps(guard.checkpoint(history=False)))
+    return Guard.restore(
+        light, LIMITS, history=asked, now=world.now, wait=world.wait, ledger=ledger
+    )
+
+
+def test_a_history_left_with_the_host_is_asked_for_only_by_the_stop_report() -> None:
+    original, world, ledger = started()
+    twin_world = copy.deepcopy(world)
+    asked = Asked(json.loads(json.dumps(original.history())))
+
+    restored = later(original, twin_world, ledger, asked)
+
+    assert drive(restored, twin_world, THEN[:1]) is None  # steps that stop nothing
+    assert asked.times == 0
+    went_on = drive(restored, twin_world, THEN[1:])
+    expected = drive(original, world, THEN)
+    assert went_on is not None and expected is not None
+    assert asked.times == 1
+    # The same report as the guard that kept its history: what was done before the
+    # restore first, then what was done since.
+    assert went_on.to_dict() == expected.to_dict()
+    assert [op.key for op in went_on.operations] == ["incident-42-first-notice"]
+    assert went_on.completed_total == len(went_on.completed) == 3
+
+
+def test_a_whole_checkpoint_of_a_guard_without_its_history_asks_for_it_once() -> None:
+    original, world, ledger = started()
+    asked = Asked(json.loads(json.dumps(original.history())))
+    restored = later(original, copy.deepcopy(world), ledger, asked)
+
+    assert restored.checkpoint(history=False) == original.checkpoint(history=False)
+    assert asked.times == 0
+    assert restored.checkpoint() == original.checkpoint()
+    assert restored.history() == original.history()
+    assert asked.times == 1
+
+
+def test_a_history_that_cannot_be_read_leaves_the_report_with_what_was_done_since() -> None:
+    original, world, ledger = started()
+    twin_world = copy.deepcopy(world)
+    asked = Asked(None)
+    restored = later(original, twin_world, ledger, asked)
+    write = Call(
+        "send_notice",
+        {"incident": 43, "text": "First notice"},
+        effect="write",
+        operation_key="incident-43-first-notice",
+    )
+
+    report = drive(restored, twin_world, [write, QUEUE, QUEUE, QUEUE, QUEUE])
+
+    assert report is not None and report.reason is Reason.SAME_CALL  # made all the same
+    assert asked.times == 1
+    assert [op.key for op in report.operations] == ["incident-43-first-notice"]
+    since = ["send_notice", "read_queue", "read_queue"]
+    assert [step["tool"] for step in report.completed] == since
+    assert report.completed_total == 2 + len(since)  # the count travels in the checkpoint

@@ -9,6 +9,7 @@ from a real ``http.server`` on a local port, with stop reports made by the real 
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -57,6 +59,7 @@ class Seen:
     path: str
     headers: dict[str, str]
     raw: bytes
+    peer: int = 0  # the client's port: one per connection
 
     @property
     def body(self) -> dict[str, Any]:
@@ -119,7 +122,9 @@ class Console:
     """A real HTTP server on a local port that answers each step from its script (the
     replies of a step are played in order, the last one repeated) and keeps every request."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_alive: bool = False, close_after: int = 0) -> None:
+        """``keep_alive``: HTTP/1.1, connections kept open; ``close_after``: and closed
+        after that many answers on one connection without saying so (an idle timeout)."""
         self.seen: list[Seen] = []
         self.script: dict[str, list[Reply]] = {
             "start": [started],
@@ -132,20 +137,21 @@ class Console:
         console = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+            answered = 0
+
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers["Content-Length"]))
-                seen = Seen(self.path, dict(self.headers), raw)
+                seen = Seen(self.path, dict(self.headers), raw, self.client_address[1])
                 reply = console._reply(seen)
                 if reply is None:
                     self.close_connection = True  # the answer is lost on the way
                     return
                 status, payload = reply
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                answer_json(self, status, json.dumps(payload).encode())
+                self.answered += 1
+                if close_after and self.answered >= close_after:
+                    self.close_connection = True  # without a word: the client finds out
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -193,6 +199,22 @@ class Sleeps:
 
     def __call__(self, seconds: float) -> None:
         self.waits.append(seconds)
+
+
+def script_one_read(console: Console) -> None:
+    """The console admits LOOKUP, lets it run and takes its result."""
+    console.on("tools", ok(admitted=[wire_ticket(0, LOOKUP)]))
+    console.on("call", ok(action="execute"))
+    console.on("result", ok())
+
+
+def answer_json(handler: BaseHTTPRequestHandler, status: int, data: bytes) -> None:
+    """Send ``data`` as a JSON answer of ``status``."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
 
 
 def start(console: Console, **options: Any) -> RemoteGuard:
@@ -348,6 +370,79 @@ def test_a_refusal_that_is_not_the_consoles_json_still_says_its_status(console: 
     with pytest.raises(ProtocolError) as raised:
         start(console)
     assert (raised.value.status, raised.value.code) == (403, "http_403")
+
+
+def test_steps_go_over_one_kept_connection() -> None:
+    console = Console(keep_alive=True)
+    try:
+        remote = start(console)
+        script_one_read(console)
+        assert remote.before_model() is None
+        admitted = remote.before_tools(LOOKUP)
+        assert isinstance(admitted, list)
+        assert remote.before_tool(admitted[0]).action is Action.EXECUTE
+        assert remote.after_tool(admitted[0], Result(Kind.SUCCESS, {"order": 42})) is None
+        remote.close()
+    finally:
+        console.close()
+
+    assert [seen.step for seen in console.seen] == ["start", "model", "tools", "call", "result"]
+    assert len({seen.peer for seen in console.seen}) == 1
+
+
+def test_a_kept_connection_the_console_closed_is_opened_again_without_a_retry() -> None:
+    console = Console(keep_alive=True, close_after=1)  # every connection answers once
+    sleeps = Sleeps()
+    try:
+        remote = start(console, sleep=sleeps, retries=0)
+        assert remote.before_model() is None
+        assert remote.before_wait() == 0
+        remote.close()
+    finally:
+        console.close()
+
+    # Each request found its connection closed, opened another and was answered once:
+    # no backoff, no retry spent, nothing sent twice.
+    assert [seen.step for seen in console.seen] == ["start", "model", "wait"]
+    assert len({seen.peer for seen in console.seen}) == 3
+    assert sleeps.waits == []
+
+
+def test_a_proxy_named_by_the_environment_carries_the_requests(
+    console: Console, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    relayed: list[str] = []
+
+    class Proxy(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            relayed.append(self.path)  # a proxy of plain http is sent the whole URL
+            raw = self.rfile.read(int(self.headers["Content-Length"]))
+            target = urllib.parse.urlsplit(self.path)
+            upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=5)
+            forwarded = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+            upstream.request("POST", target.path, body=raw, headers=forwarded)
+            response = upstream.getresponse()
+            data = response.read()
+            upstream.close()
+            answer_json(self, response.status, data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=proxy.serve_forever, args=(0.02,), daemon=True).start()
+    for name in ("no_proxy", "NO_PROXY", "HTTP_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{proxy.server_address[1]}")
+    try:
+        remote = start(console)
+        assert remote.before_model() is None
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+
+    assert relayed == [f"{console.url}/api/attached", f"{console.url}/api/attached/41/steps"]
+    assert [seen.step for seen in console.seen] == ["start", "model"]
 
 
 # -- failing closed -------------------------------------------------------------------------
@@ -566,6 +661,69 @@ def test_admitted_calls_come_back_as_tickets_numbered_by_the_console(console: Co
     ]
 
 
+def test_a_call_entered_with_its_admission_asks_the_console_once(console: Console) -> None:
+    remote = start(console)
+    console.on("tools", ok(admitted=[wire_ticket(0, REFUND)], action="execute"))
+    console.on("result", ok())
+
+    assert remote.before_model() is None
+    admitted = remote.before_tools(REFUND, enter=True)
+    assert isinstance(admitted, list)
+    decision = remote.before_tool(admitted[0])
+    remote.after_tool(admitted[0], Result(Kind.SUCCESS, {"refund": "r-1"}))
+
+    assert decision.action is Action.EXECUTE
+    assert [seen.step for seen in console.seen] == ["start", "model", "tools", "result"]
+    assert console.steps("tools")[0].body["enter"] is True
+
+
+def test_a_reuse_decided_with_the_admission_hands_back_the_stored_result(
+    console: Console,
+) -> None:
+    remote = start(console)
+    stored = {"kind": "SUCCESS", "data": {"refund": "r-1"}}
+    console.on("tools", ok(admitted=[wire_ticket(0, REFUND)], action="reuse", result=stored))
+
+    assert remote.before_model() is None
+    admitted = remote.before_tools(REFUND, enter=True)
+    assert isinstance(admitted, list)
+    decision = remote.before_tool(admitted[0])
+
+    assert decision.action is Action.REUSE and decision.result == Result(
+        Kind.SUCCESS, {"refund": "r-1"}
+    )
+    assert console.steps("call") == []
+
+
+def test_several_calls_are_entered_one_by_one_whatever_enter_says(console: Console) -> None:
+    remote = start(console)
+    console.on("tools", ok(admitted=[wire_ticket(0, LOOKUP), wire_ticket(1, REFUND)]))
+    console.on("call", ok(action="execute"))
+
+    assert remote.before_model() is None
+    admitted = remote.before_tools([LOOKUP, REFUND], enter=True)
+    assert isinstance(admitted, list)
+    remote.before_tool(admitted[0])
+
+    assert "enter" not in console.steps("tools")[0].body
+    assert [seen.body["ticket"] for seen in console.steps("call")] == [0]
+
+
+def test_a_console_that_did_not_decide_the_entry_is_asked_at_the_entry(
+    console: Console,
+) -> None:
+    remote = start(console)
+    console.on("tools", ok(admitted=[wire_ticket(0, LOOKUP)]))  # no action: not decided
+    console.on("call", ok(action="execute"))
+
+    assert remote.before_model() is None
+    admitted = remote.before_tools(LOOKUP, enter=True)
+    assert isinstance(admitted, list)
+
+    assert remote.before_tool(admitted[0]).action is Action.EXECUTE
+    assert len(console.steps("call")) == 1
+
+
 def test_a_nudge_comes_back_as_a_nudge_for_the_model(console: Console) -> None:
     remote = start(console)
     nudge = {
@@ -587,9 +745,7 @@ def test_an_executed_call_is_reported_with_its_result_and_the_inspectors_word(
     console: Console,
 ) -> None:
     remote = start(console)
-    console.on("tools", ok(admitted=[wire_ticket(0, LOOKUP)]))
-    console.on("call", ok(action="execute"))
-    console.on("result", ok())
+    script_one_read(console)
     seen: list[tuple[Result | None, Any]] = []
 
     def inspect(result: Result | None, subject: Call | Finish) -> Evidence:
@@ -650,9 +806,7 @@ def test_an_error_is_reported_with_its_type_and_whether_one_more_try_may_help(
     console: Console, error: Exception, transient: bool
 ) -> None:
     remote = start(console)
-    console.on("tools", ok(admitted=[wire_ticket(0, LOOKUP)]))
-    console.on("call", ok(action="execute"))
-    console.on("result", ok())
+    script_one_read(console)
 
     assert remote.before_model() is None
     admitted = remote.before_tools(LOOKUP)
@@ -671,9 +825,7 @@ def test_an_error_is_reported_with_its_type_and_whether_one_more_try_may_help(
 
 def test_a_return_value_that_is_not_a_result_is_sent_as_such(console: Console) -> None:
     remote = start(console)
-    console.on("tools", ok(admitted=[wire_ticket(0, LOOKUP)]))
-    console.on("call", ok(action="execute"))
-    console.on("result", ok())
+    script_one_read(console)
 
     assert remote.before_model() is None
     admitted = remote.before_tools(LOOKUP)
@@ -689,9 +841,7 @@ def test_a_return_value_that_is_not_a_result_is_sent_as_such(console: Console) -
 
 def test_an_inspector_that_raises_is_sent_as_the_evidence_error(console: Console) -> None:
     remote = start(console)
-    console.on("tools", ok(admitted=[wire_ticket(0, LOOKUP)]))
-    console.on("call", ok(action="execute"))
-    console.on("result", ok())
+    script_one_read(console)
 
     def inspect(result: Result | None, subject: Call | Finish) -> Evidence:
         raise LookupError("the records are down")

@@ -4,6 +4,7 @@ PostgreSQL: every answer is checked against the OpenAPI document by the test cli
 from __future__ import annotations
 
 import itertools
+import json
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -684,3 +685,136 @@ def test_a_tools_own_retries_are_charged_to_the_tasks_execution_budget(started: 
     refused = started.call("lookup", {"n": 3})
     assert refused["stop"]["reason"] == "execution_budget"  # nothing more may run
     assert _task(started).executions == 7
+
+
+# -- fewer round trips: a call entered with its admission ----------------------------------------
+
+
+def _enter(client: Client, call: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """A model call proposing ``call``, entered with its admission: one request."""
+    assert client.step("model")["allowed"] is True
+    return client.step("tools", calls=[call], enter=True, **fields)
+
+
+def test_a_call_entered_with_its_admission_is_claimed_in_that_request(started: Client) -> None:
+    refund = {"tool": "refund", "args": {"cents": 5}, "operation_key": "order/5/refund"}
+
+    answer = _enter(started, refund)
+
+    assert answer["action"] == "execute" and [t["ticket"] for t in answer["admitted"]] == [0]
+    op = Operation.objects.get(key="order/5/refund")
+    assert op.state == OperationState.IN_FLIGHT and op.task_id == started.task
+    result = {"kind": "SUCCESS", "data": {"refund": "r-5"}}
+    assert started.step("result", ticket=0, result=result, then="model")["allowed"] is True
+    op.refresh_from_db()
+    assert op.state == OperationState.COMMITTED
+    steps = StepRequest.objects.filter(task_id=started.task).exclude(step="start")
+    assert sorted(steps.values_list("step", flat=True)) == ["model", "result", "tools"]
+    task = _task(started)
+    assert (task.requests, task.executions) == (1, 1)
+
+
+def test_a_committed_write_entered_with_its_admission_is_reused_not_run(
+    caller: Callable[..., Caller],
+) -> None:
+    first, second = Client(caller(Role.AGENT)), Client(caller(Role.AGENT, username="other"))
+    first.start(input={"n": 1})
+    second.start(input={"n": 2})
+    refund = {"tool": "refund", "args": {"cents": 7}, "operation_key": "order/7/refund"}
+    assert _enter(first, refund)["action"] == "execute"
+    first.step("result", ticket=0, result={"kind": "SUCCESS", "data": {"refund": "r-7"}})
+
+    reused = _enter(second, refund)
+
+    assert reused["action"] == "reuse" and reused["result"]["data"] == {"refund": "r-7"}
+    assert Operation.objects.get(key="order/7/refund").attempts == 1
+    assert _task(second).executions == 0
+
+
+def test_an_entry_decided_with_the_admission_stops_at_an_uncertain_write(
+    started: Client,
+) -> None:
+    started.call("refund", {"cents": 9}, key="order/9/refund")
+    lost = {"type": "TimeoutError", "message": "read timed out", "transient": False}
+    started.step("result", ticket=0, error=lost)
+    other = Client(started.caller, lease="test:second")
+    other.start(input={"again": True})
+    refund = {"tool": "refund", "args": {"cents": 9}, "operation_key": "order/9/refund"}
+
+    answer = _enter(other, refund)
+
+    assert (answer["stop"]["state"], answer["stop"]["reason"]) == ("NEEDS_HUMAN", "unknown_commit")
+    assert "action" not in answer
+    op = Operation.objects.get(key="order/9/refund")
+    assert (op.state, op.attempts) == (OperationState.UNKNOWN, 1)  # never claimed again
+
+
+def test_a_retried_admission_with_entry_gets_the_same_answer_and_claims_once(
+    started: Client,
+) -> None:
+    started.step("model")
+    body = {"calls": [{"tool": "refund", "args": {"cents": 1}, "operation_key": "k-1"}]}
+
+    first = started.send("tools", request_id="admit-1", enter=True, **body)
+    again = started.send("tools", request_id="admit-1", enter=True, **body)
+
+    assert first.json() == again.json() and first.json()["action"] == "execute"
+    op = Operation.objects.get(key="k-1")
+    assert op.attempts == 1 and OperationEvent.objects.filter(operation=op).count() == 1
+
+
+@pytest.mark.parametrize(
+    ("calls", "enter", "words"),
+    [
+        (2, True, "exactly one call"),
+        (1, "yes", "enter must be true or false"),
+    ],
+)
+def test_an_entry_that_cannot_be_decided_with_the_admission_is_refused_and_changes_nothing(
+    started: Client, calls: int, enter: Any, words: str
+) -> None:
+    started.step("model")
+    proposal = [{"tool": "lookup", "args": {"n": n}} for n in range(calls)]
+
+    response = started.send("tools", calls=proposal, enter=enter)
+
+    assert words in error(response, 400)
+    assert _task(started).requests == 0
+    assert not TraceEvent.objects.filter(task_id=started.task, kind=EventKind.REQUEST).exists()
+
+
+# -- a long phase: what grows with it stays out of every step ----------------------------------
+
+
+def test_a_long_phase_keeps_its_checkpoint_small_and_its_report_whole(
+    caller: Callable[..., Caller],
+) -> None:
+    client = Client(caller(Role.AGENT))
+    steps = 60
+    limits = {"deadline_ms": 600_000, "model_calls": 200, "requests": 200, "executions": 200}
+    client.start(limits={**limits, "same": 2, "stagnant": 3})
+    sizes = []
+    assert client.step("model")["allowed"] is True
+    for n in range(1, steps + 1):
+        call = {"tool": "refund", "args": {"n": n}, "operation_key": f"order/{n}/refund"}
+        assert client.step("tools", calls=[call], enter=True)["action"] == "execute"
+        result = {"kind": "SUCCESS", "data": {"refund": n}}
+        evidence = {"revision": n, "done": False, "committed": True}
+        client.step("result", ticket=0, result=result, evidence=evidence, then="model")
+        sizes.append(len(json.dumps(_task(client).checkpoint)))
+    # A write claimed in one step, its outcome lost in the next: only the step that
+    # claimed it knew it, and the report must still name it.
+    lost_call = {"tool": "refund", "args": {"n": 0}, "operation_key": "order/0/refund"}
+    assert client.step("tools", calls=[lost_call], enter=True)["action"] == "execute"
+    lost = {"type": "ConnectionError", "message": "reset", "transient": False}
+    stop = client.step("result", ticket=0, error=lost)["stop"]
+
+    assert max(sizes) - min(sizes) < 100  # the same size after 60 writes as after one
+    assert stop["state"] == "NEEDS_HUMAN"
+    keys = [op["key"] for op in stop["operations"]]
+    assert keys == [f"order/{n}/refund" for n in range(1, steps + 1)] + ["order/0/refund"]
+    assert stop["operations"][-1]["state"] == "UNKNOWN"
+    assert stop["completed_total"] == steps
+    assert [step["operation_key"] for step in stop["completed"]] == [
+        f"order/{n}/refund" for n in range(steps - 49, steps + 1)
+    ]

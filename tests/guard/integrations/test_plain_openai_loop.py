@@ -51,7 +51,9 @@ def guarded_chat_loop(
         if turn.finish is not None:
             return guard.finish(turn.finish, inspect=None)  # no inspector: goal_unverified
         messages.append(message)
-        admitted = guard.before_tools(turn.proposal)
+        # enter=True: each call runs as soon as it is admitted (nothing in between), so a
+        # remote guard decides its entry in the same request.
+        admitted = guard.before_tools(turn.proposal, enter=True)
         if isinstance(admitted, Report):
             return admitted
         if isinstance(admitted, Nudge):
