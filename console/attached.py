@@ -427,6 +427,16 @@ class _Driver:
 
     def _model(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         self._settled_first("a model call")
+        for ticket in self.guard.tickets:
+            if ticket.status == "admitted":
+                # Admitted and never asked for (its framework dropped it: a person said no,
+                # another middleware answered): the trace says so, and keeps its key for the
+                # phase's history (a batch's admission looked it up).
+                shown = preview(ticket.call.args)
+                detail = "admitted; the client called the model again without asking to run it"
+                self.events.append(
+                    self._request(ticket, Decision.NOT_RUN, None, shown, detail=detail)
+                )
         return self._allow_model(fields)
 
     def _tools(self, fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -507,6 +517,8 @@ class _Driver:
         then = fields.get("then")
         if then is not None and then not in ("wait", "model"):
             raise InvalidInput('then must be "wait" or "model"')
+        if then == "model":  # checked before the result moves anything (a 400 is final)
+            _count(fields.get("reserve", 0), "reserve", MAX_AMOUNT)
         executed = status == "executing"
         outcome: Any = None
         error: BaseException | None = None
@@ -750,7 +762,8 @@ def _met_the_ledger(steps: Any) -> list[str]:
         str(raw["operation_key"])
         for raw in batch
         if raw.get("operation_key")
-        and (raw.get("status") in entered or (len(batch) > 1 and raw.get("effect") == "write"))
+        and raw.get("effect") == "write"  # a read's key is never claimed nor looked up
+        and (raw.get("status") in entered or len(batch) > 1)
     ]
 
 

@@ -70,7 +70,9 @@ def request_event(
         result_kind="" if result is None else str(result.kind),
         result_preview="" if result is None else preview(result.data),
         revision=revision,
-        operation_key=call.operation_key or "",
+        # A read's key means nothing to the ledger (only writes are claimed): kept out, so
+        # that the phase's history read back from the trace names only operations it met.
+        operation_key=(call.operation_key or "") if call.effect == "write" else "",
         latency_ms=None if latency is None else ms(latency),
         detail=detail,
     )

@@ -29,6 +29,7 @@ from ._checks import (
     present,
     result_problem,
     safe_repr,
+    text,
     transient_error,
 )
 from ._detector import Detector
@@ -170,7 +171,7 @@ class Guard:
         (a trace) hands it back to :meth:`restore`.
         """
         if history:
-            self._recall()
+            self._recall(strict=True)
         saved = compose(
             self._budget,
             self._detector,
@@ -527,19 +528,24 @@ class Guard:
         self._outcome.wait_ms = float(raw["wait_ms"])
         self._budget.hold(raw.get("spend_held"))
 
-    def _recall(self) -> None:
+    def _recall(self, *, strict: bool = False) -> None:
         """Put back the history a restore left with the host (``restore(history=callable)``),
-        once, before what was done since."""
-        source, self._earlier = self._earlier, None
+        once, before what was done since. A source that fails is asked again next time; a
+        stop report is made without it (``strict=False``: the ledger keeps the truth), a
+        whole checkpoint is not (the error goes on)."""
+        source = self._earlier
         if source is None:
             return
         try:
             earlier = source()
-            touched, completed = earlier["touched"], earlier["completed"]
-            self._settlement.recall(touched)
-            self._record.recall(completed)
-        except Exception:  # noqa: S110 - the report must still be made; the ledger keeps the truth
-            pass
+            touched = [text(key) for key in earlier["touched"]]
+            self._record.recall(earlier["completed"])  # checked whole, or nothing moves
+        except Exception:
+            if strict:
+                raise
+            return
+        self._settlement.recall(touched)
+        self._earlier = None
 
     def _between_calls(self) -> Report | None:
         """Before new calls (planned or approved): an execution never reported is lost,

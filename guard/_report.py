@@ -345,9 +345,10 @@ class Record:
     def recall(self, completed: Iterable[Sequence[Any]]) -> None:
         """Put the requests completed before a restore back ahead of those completed since
         (the total was in the checkpoint)."""
+        earlier = list(_completed(completed))  # checked whole before anything moves
         since = list(self.completed)
         self.completed.clear()
-        self.completed.extend(_completed(completed))
+        self.completed.extend(earlier)
         self.completed.extend(since)
 
 

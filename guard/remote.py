@@ -324,7 +324,7 @@ class _Proxy:
         if not parts.hostname:
             raise ValueError(f"the proxy {url!r} names no host")
         self.host = parts.hostname
-        self.port = parts.port or 8080
+        self.port = parts.port  # None: the connection's own default, as urllib connects
         self.authorization = ""
         if parts.username is not None:
             user = urllib.parse.unquote(parts.username)
@@ -439,6 +439,8 @@ class RemoteGuard:
         """A client of the console at ``url`` that has no task yet: use :meth:`start` or
         :meth:`attach`, which make one and ask the console for its task."""
         self._transport = _Transport(url, token, timeout=timeout, retries=retries, sleep=sleep)
+        # The heartbeat's own connection: a step never waits for a heartbeat's answer.
+        self._beats = _Transport(url, token, timeout=timeout, retries=0, sleep=sleep)
         self.lease = _new_lease()
         self.task = 0
         self.phase = 0
@@ -823,6 +825,7 @@ class RemoteGuard:
         if beater is not None and beater is not threading.current_thread():
             beater.join(self._transport.timeout + 1.0)
         self._transport.close()
+        self._beats.close()
 
     def __enter__(self) -> Self:
         return self
@@ -980,7 +983,7 @@ class RemoteGuard:
             "step": "heartbeat",
         }
         # Outside the lock: a step is never held up by a heartbeat.
-        answer = self._transport.post(self._steps_path, body, retries=0)
+        answer = self._beats.post(self._steps_path, body)
         with self._lock:
             if answer.get("stop_requested") is True:
                 self._stop_requested = True

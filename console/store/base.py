@@ -215,7 +215,9 @@ class BaseStore:
         """``touched``: the operation keys the phase's requests named, in first-seen order
         (one never claimed has no ledger entry, so the stop report cannot list it).
         ``completed``: the latest ``COMPLETED_KEPT`` requests that executed or reused a
-        successful result."""
+        successful result. Keys are in the order the requests were settled (a batch run at
+        once may have settled its calls out of order); a write admitted and never asked
+        for (``not_run``, written by the attached driver) counts as touched."""
         requests = (
             TraceEvent.objects.filter(task_id=self.task_id, phase=phase, kind=EventKind.REQUEST)
             .order_by("seq")
@@ -233,7 +235,7 @@ class BaseStore:
         completed: list[list[Any]] = []
         for tool, fp, key, decision, reason, kind, revision in requests.iterator():
             ran = decision in (Decision.EXECUTED, Decision.REUSED)
-            if key and (ran or reason in _MET_THE_LEDGER):
+            if key and (ran or reason in _MET_THE_LEDGER or decision == Decision.NOT_RUN):
                 touched.setdefault(key, None)
             if ran and kind == Kind.SUCCESS and reason in _COMPLETED_THEN:
                 reused = decision == Decision.REUSED

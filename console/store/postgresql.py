@@ -146,15 +146,20 @@ _ANSWER = (
 )
 
 # An attached step's first statement: the task row, locked until the step commits (a Stop,
-# a resumption or another request of the task waits for it), with the answer a retried
-# request id was given (the unique (task, request_id) makes it one row at most).
+# a resumption or another request of the task waits for it). The answer a retried request
+# id was given is read by a statement of its own, after the lock: a statement that waited
+# for the lock sees the row as it is now but any table it joins as it was when it began,
+# so the original request's answer, committed meanwhile, would not be seen.
 _TASK_FIELDS = tuple(Task._meta.concrete_fields)
 _OPEN_STEP = (
     "SELECT "  # noqa: S608 - column names from the model
-    + ", ".join(f"t.{field.column}" for field in _TASK_FIELDS)
-    + ", r.step, r.body_hash, r.answer FROM console_task t"
-    " LEFT JOIN console_steprequest r ON r.task_id = t.id AND r.request_id = %s"
-    " WHERE t.id = %s FOR UPDATE OF t"
+    + ", ".join(str(field.column) for field in _TASK_FIELDS)
+    + " FROM console_task WHERE id = %s FOR UPDATE"
+)
+# The unique (task, request_id) makes it one row at most.
+_ANSWERED = (
+    "SELECT step, body_hash, answer FROM console_steprequest"
+    " WHERE task_id = %s AND request_id = %s"
 )
 _TASK_NAMES = [field.attname for field in _TASK_FIELDS]
 # What the ORM does to a column's value on the way in (JSON arrives as text: Django decodes
@@ -216,18 +221,20 @@ class PostgresStore(BaseStore):
     """:class:`console.store.StepStore` on PostgreSQL."""
 
     def open_step(self, request_id: str | None) -> tuple[Task, Answer | None] | None:
-        row = fetch_one(_OPEN_STEP, [request_id, self.task_id])
+        row = fetch_one(_OPEN_STEP, [self.task_id])
         if row is None:
             return None
-        fields = len(_TASK_FIELDS)
         values = [
             value if convert is None else convert(value, None, connection)
-            for convert, value in zip(_TASK_CONVERTERS, row[:fields], strict=True)
+            for convert, value in zip(_TASK_CONVERTERS, row, strict=True)
         ]
         task = Task.from_db(connection.alias, _TASK_NAMES, values)
-        step, body_hash, answer = row[fields:]
-        if request_id is None or step is None:
+        if request_id is None:
             return task, None
+        answered = fetch_one(_ANSWERED, [self.task_id, request_id])
+        if answered is None:
+            return task, None
+        step, body_hash, answer = answered
         return task, Answer(request_id, step, body_hash, json.loads(answer))
 
     def stop_requested(self) -> bool:

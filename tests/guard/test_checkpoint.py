@@ -265,3 +265,16 @@ def test_a_history_that_cannot_be_read_leaves_the_report_with_what_was_done_sinc
     since = ["send_notice", "read_queue", "read_queue"]
     assert [step["tool"] for step in report.completed] == since
     assert report.completed_total == 2 + len(since)  # the count travels in the checkpoint
+
+
+def test_a_whole_checkpoint_whose_history_cannot_be_read_is_refused_not_made_short() -> None:
+    original, world, ledger = started()
+    asked = Asked(None)
+    restored = later(original, copy.deepcopy(world), ledger, asked)
+
+    with pytest.raises(OSError, match="cannot be read"):
+        restored.checkpoint()
+    asked.history = json.loads(json.dumps(original.history()))  # readable again
+
+    assert restored.checkpoint() == original.checkpoint()
+    assert asked.times == 2

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
-from console import runner, services
+from console import attached, runner, services
 from console.models import (
     EventKind,
     Operation,
@@ -250,6 +253,58 @@ def test_a_retried_call_gets_the_same_answer_and_never_claims_twice(started: Cli
     assert op.attempts == 1
     assert OperationEvent.objects.filter(operation=op).count() == 1
     assert StepRequest.objects.filter(task_id=started.task, request_id="claim-1").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("enter", [False, True])
+def test_a_retry_that_arrives_while_its_request_runs_gets_the_same_answer(
+    started: Client, monkeypatch: pytest.MonkeyPatch, enter: bool
+) -> None:
+    """The retry waits for the task row; once the first request commits, it must find
+    that request's answer, not decide the step again (it would be refused as decided)."""
+    started.step("model")
+    refund = {"tool": "refund", "args": {"cents": 3}, "operation_key": "order/3/refund"}
+    if enter:
+        step, fields = "tools", {"calls": [refund], "enter": True}
+    else:
+        started.step("tools", calls=[refund])
+        step, fields = "call", {"ticket": 0}
+    body = {"protocol": 1, "request_id": "r-x", "lease": started.lease, "step": step, **fields}
+    decide = attached._Driver.run
+
+    def slowly(driver: Any, *args: Any, **kwargs: Any) -> Any:
+        answer = decide(driver, *args, **kwargs)
+        if threading.current_thread().name == "first":
+            time.sleep(0.5)  # the claim made, the row held: the retry arrives now
+        return answer
+
+    monkeypatch.setattr(attached._Driver, "run", slowly)
+    answers: dict[str, Any] = {}
+
+    def send(name: str) -> None:
+        try:
+            answers[name] = attached.attached_step(
+                task_id=started.task, request_id="r-x", lease=started.lease, step=step,
+                fields=dict(fields), fingerprint=attached.body_hash(body),
+            )  # fmt: skip
+        except Exception as exc:  # the assertion below says which
+            answers[name] = exc
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=send, args=("first",), name="first")
+    first.start()
+    time.sleep(0.2)
+    retry = threading.Thread(target=send, args=("retry",), name="retry")
+    retry.start()
+    first.join()
+    retry.join()
+
+    assert answers["retry"] == answers["first"]
+    assert answers["first"]["action"] == "execute"
+    op = Operation.objects.get(key="order/3/refund")
+    assert (op.state, op.attempts) == (OperationState.IN_FLIGHT, 1)
+    assert StepRequest.objects.filter(task_id=started.task, request_id="r-x").count() == 1
 
 
 def test_a_request_id_reused_for_another_step_is_refused(started: Client) -> None:
@@ -654,6 +709,21 @@ def test_then_on_a_result_that_is_not_the_last_answers_nothing_ahead(started: Cl
     assert bad.status_code == 400 and "then must be" in bad.json()["error"]
 
 
+def test_a_result_whose_then_cannot_be_answered_is_refused_before_it_settles_anything(
+    started: Client,
+) -> None:
+    started.call("refund", {"cents": 4}, key="order/4/refund")
+    result = {"kind": "SUCCESS", "data": {"refund": "r-4"}}
+
+    refused = started.send("result", ticket=0, result=result, then="model", reserve=-1)
+
+    assert "reserve must be" in error(refused, 400)
+    assert Operation.objects.get(key="order/4/refund").state == OperationState.IN_FLIGHT
+    # The same result, asked again as it should have been, still settles it.
+    started.step("result", ticket=0, result=result, then="model")
+    assert Operation.objects.get(key="order/4/refund").state == OperationState.COMMITTED
+
+
 # -- budgets: money reserved before it is spent, retries in one budget ---------------------------
 
 
@@ -818,3 +888,42 @@ def test_a_long_phase_keeps_its_checkpoint_small_and_its_report_whole(
     assert [step["operation_key"] for step in stop["completed"]] == [
         f"order/{n}/refund" for n in range(steps - 49, steps + 1)
     ]
+
+
+def _held_elsewhere(caller: Callable[..., Caller], key: str) -> None:
+    """Another agent's write of ``key``, claimed and still running."""
+    other = Client(caller(Role.AGENT, username="elsewhere"))
+    other.start(input={"elsewhere": True})
+    assert other.call("refund", {"n": 9}, key)["action"] == "execute"
+
+
+def test_a_write_admitted_and_never_asked_for_is_in_the_trace_and_the_report(
+    started: Client, caller: Callable[..., Caller]
+) -> None:
+    _held_elsewhere(caller, "shared")
+    started.step("model")
+    write = {"tool": "refund", "args": {"n": 9}, "operation_key": "shared"}
+    started.step("tools", calls=[write, {"tool": "lookup", "args": {"q": 1}}])
+    started.step("call", ticket=1)
+    started.step("result", ticket=1, result={"kind": "SUCCESS", "data": {}})
+
+    assert started.step("model")["allowed"] is True  # the write was dropped, never asked for
+    stop = started.step("halt", state="NEEDS_HUMAN", reason="executor_error")["stop"]
+
+    not_run = TraceEvent.objects.get(task_id=started.task, decision="not_run")
+    assert (not_run.tool, not_run.operation_key) == ("refund", "shared")
+    # Its admission looked the key up, as the guard that keeps its whole history reports.
+    assert [(op["key"], op["state"]) for op in stop["operations"]] == [("shared", "IN_FLIGHT")]
+
+
+def test_a_read_that_carries_an_operation_key_puts_no_operation_in_the_report(
+    started: Client, caller: Callable[..., Caller]
+) -> None:
+    _held_elsewhere(caller, "shared")
+    assert started.call("lookup", {"q": 1}, "shared")["action"] == "execute"
+    started.step("result", ticket=0, result={"kind": "SUCCESS", "data": {}})
+    started.step("model")
+
+    stop = started.step("halt", state="NEEDS_HUMAN", reason="executor_error")["stop"]
+
+    assert stop["operations"] == []  # a read is never claimed: the key is not its operation
