@@ -210,12 +210,13 @@ class Guard:
         checkpoints of earlier releases are read too).
 
         ``history`` gives back what ``checkpoint(history=False)`` left out, in the shape of
-        :meth:`history`; or a callable returning it, called only if the guard needs it (to
-        make its stop report, or a checkpoint with ``history=True``), at most once: a host
-        that restores for every step reads what grows with the phase only when it stops.
-        What the callable returns must be the phase's history up to the checkpoint; what
-        the guard does after the restore is added to it. A callable that raises leaves the
-        report without the earlier history (the ledger and the host's records keep it).
+        :meth:`history`; or a callable returning it, called only when the guard needs it
+        (to make its stop report, or a checkpoint with ``history=True``) and no more once
+        it has answered: a host that restores for every step reads what grows with the
+        phase only when it stops. What the callable returns must be the phase's history up
+        to the checkpoint; what the guard does after the restore is added to it. A callable
+        that raises leaves the stop report without the earlier history (the ledger and the
+        host's records keep it), and raises out of ``checkpoint(history=True)``.
         ``options`` are the constructor's keyword arguments except ``used`` and
         ``revision``, which come from the checkpoint. Raises ``ValueError`` if the
         checkpoint is malformed or of an unknown version.

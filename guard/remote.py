@@ -267,11 +267,11 @@ class _Transport:
             connection.request("POST", target, body=data, headers=headers)
             response = connection.getresponse()
             raw = response.read()
-        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as exc:
             self._drop()
             if self._used:
                 raise
-            raise _Lost(ConnectionResetError("the console closed the connection")) from None
+            raise _Lost(exc) from exc
         except (OSError, http.client.HTTPException) as exc:  # timeouts, refusals, garbage
             self._drop()
             raise _Lost(exc) from exc
