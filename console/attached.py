@@ -51,7 +51,7 @@ from guard.steps import Action, Ticket, canonical_json
 from . import services, trace
 from .ledger import DatabaseLedger
 from .lifecycle import limits_of, usage_of
-from .models import Decision, EventKind, StepRequest, StopReport, Task
+from .models import Decision, EventKind, StepRequest, StopReport, Task, TaskState
 from .redaction import preview, redact
 from .services import InvalidInput, NotFound, ServiceError
 from .store import Answer, Step, StepStore, open_store
@@ -258,7 +258,7 @@ def _fresh(task: Task, lease: str) -> bool:
     left: the step goes on without renewing it (one statement fewer); a later step renews
     it well before it runs out."""
     expires = task.lease_expires_at
-    if task.state != "RUNNING" or task.lease_owner != lease or expires is None:
+    if task.state != TaskState.RUNNING or task.lease_owner != lease or expires is None:
         return False
     left = (expires - timezone.now()).total_seconds()
     return left > lease_seconds() * 2 / 3
@@ -732,10 +732,9 @@ class _Driver:
             # The guard stopped because the ledger could not be read: not a verdict. The
             # step rolls back and the client asks again.
             raise DatabaseError(f"the ledger failed ({self.ledger.unavailable})")
-        self._save()
-        pending, self.pending = self.pending, None
-        if pending is not None:  # pragma: no branch - just saved
-            self.store.save(pending)
+        # The step's trace events and counters now; the checkpoint goes with the finish.
+        self.store.save(Step(self.guard.usage.to_dict(), self.guard.revision, tuple(self.events)))
+        self.events = []
         self.store.finish(report, checkpoint=self._checkpoint())
         stored = redact(report.to_dict())
         return _answer(self.task, report.state, report.remaining, stored)

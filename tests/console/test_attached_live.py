@@ -324,28 +324,40 @@ def test_a_client_killed_mid_write_leaves_it_unknown_once_its_lease_expires(
 
 
 
+def _one_call_steps(
+    url: str, secret: str, tools: dict[str, str], calls: list[Call], *, enter: bool = False
+) -> tuple[Report, int, list[str]]:
+    """A loop of one-call steps, each run at once, then a finish: the report, the task and
+    the steps the console answered (in order)."""
+    with RemoteGuard.start(
+        url, token=secret, agent="one-by-one", tools=tools,
+        limits={**LIMITS, "model_calls": 20, "requests": 20, "executions": 20}, heartbeat=False,
+    ) as guard:  # fmt: skip
+        assert guard.before_model() is None
+        for call in calls:
+            (ticket,) = guard.before_tools(call, enter=enter)
+            assert guard.before_tool(ticket).action is Action.EXECUTE
+            assert guard.after_tool(ticket, Result(Kind.SUCCESS, "done"), inspect=None) is None
+            assert guard.before_wait() == 0.0
+            assert guard.before_model() is None  # answered ahead: no request
+        report = guard.finish(Finish("done"), inspect=None)
+    steps = StepRequest.objects.filter(task_id=guard.task).order_by("id")
+    return report, guard.task, list(steps.values_list("step", flat=True))
+
+
 def test_a_one_call_step_costs_the_client_three_requests_and_one_more_to_finish(
     url: str, token: Callable[[Role], str]
 ) -> None:
     """The last result of a model call brings the wait and the next model call's allowance
     with it (``then``): a loop of one-call steps sends tools, call and result per step."""
-    with RemoteGuard.start(
-        url, token=token(Role.AGENT), agent="reader", tools={"read_page": "read"},
-        limits={**LIMITS, "model_calls": 20, "requests": 20, "executions": 20}, heartbeat=False,
-    ) as guard:  # fmt: skip
-        assert guard.before_model() is None
-        for page in range(1, 4):
-            (ticket,) = guard.before_tools(Call("read_page", {"page": page}))
-            assert guard.before_tool(ticket).action is Action.EXECUTE
-            assert guard.after_tool(ticket, Result(Kind.SUCCESS, f"p{page}"), inspect=None) is None
-            assert guard.before_wait() == 0.0
-            assert guard.before_model() is None  # answered ahead: no request
-        report = guard.finish(Finish("read"), inspect=None)
+    pages = [Call("read_page", {"page": page}) for page in range(1, 4)]
+
+    report, task_id, steps = _one_call_steps(url, token(Role.AGENT), {"read_page": "read"}, pages)
+
     assert report.reason == "goal_unverified"
-    steps = list(StepRequest.objects.filter(task_id=guard.task).values_list("step", flat=True))
     assert steps.count("model") == 1 and steps.count("wait") == 0
     assert (steps.count("tools"), steps.count("call"), steps.count("result")) == (3, 3, 3)
-    task = Task.objects.get(id=guard.task)
+    task = Task.objects.get(id=task_id)
     assert task.model_calls == 4 and task.executions == 3  # 3 proposals and the finish
 
 
@@ -355,21 +367,16 @@ def test_a_one_call_step_entered_with_its_admission_costs_two_requests(
     """A loop that runs each call as soon as it is admitted (``enter=True``) asks for the
     admission and the entry in one request: tools and result per step, the writes claimed
     once and committed all the same."""
-    with RemoteGuard.start(
-        url, token=token(Role.AGENT), agent="notifier", tools={"send_notice": "write"},
-        limits={**LIMITS, "model_calls": 20, "requests": 20, "executions": 20}, heartbeat=False,
-    ) as guard:  # fmt: skip
-        assert guard.before_model() is None
-        for n in range(1, 4):
-            notice = Call("send_notice", {"n": n}, effect="write", operation_key=f"enter-{n}")
-            (ticket,) = guard.before_tools(notice, enter=True)
-            assert guard.before_tool(ticket).action is Action.EXECUTE
-            assert guard.after_tool(ticket, Result(Kind.SUCCESS, f"n{n}"), inspect=None) is None
-            assert guard.before_wait() == 0.0
-            assert guard.before_model() is None
-        report = guard.finish(Finish("sent"), inspect=None)
+    notices = [
+        Call("send_notice", {"n": n}, effect="write", operation_key=f"enter-{n}")
+        for n in range(1, 4)
+    ]
+
+    report, _, steps = _one_call_steps(
+        url, token(Role.AGENT), {"send_notice": "write"}, notices, enter=True
+    )
+
     assert report.reason == "goal_unverified" and report.executions == 3
-    steps = list(StepRequest.objects.filter(task_id=guard.task).values_list("step", flat=True))
     assert (steps.count("tools"), steps.count("call"), steps.count("result")) == (3, 0, 3)
     operations = Operation.objects.filter(key__startswith="enter-").order_by("key")
     assert [(op.state, op.attempts) for op in operations] == [(OperationState.COMMITTED, 1)] * 3

@@ -819,6 +819,21 @@ def test_an_entry_decided_with_the_admission_stops_at_an_uncertain_write(
     assert (op.state, op.attempts) == (OperationState.UNKNOWN, 1)  # never claimed again
 
 
+def test_a_stop_recorded_while_the_model_thinks_refuses_a_call_entered_with_its_admission(
+    started: Client, caller: Callable[..., Caller]
+) -> None:
+    assert started.step("model")["allowed"] is True
+    services.task_stop(task_id=started.task, actor=caller(Role.OPERATOR).user, reason="no")
+    refund = {"tool": "refund", "args": {"cents": 2}, "operation_key": "order/2/refund"}
+
+    answer = started.step("tools", calls=[refund], enter=True)
+
+    assert (answer["stop"]["state"], answer["stop"]["reason"]) == ("CANCELLED", "operator_stop")
+    assert "action" not in answer
+    assert not Operation.objects.filter(key="order/2/refund").exists()
+    assert _task(started).executions == 0
+
+
 def test_a_retried_admission_with_entry_gets_the_same_answer_and_claims_once(
     started: Client,
 ) -> None:
