@@ -18,6 +18,7 @@ wrong method, 409 stale or refused action, 413 body over 1 MiB.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -94,6 +95,12 @@ def _service_code(exc: services.ServiceError) -> ErrorCode:
     return ErrorCode.REFUSED  # a refusal we have no better word for: the request was understood
 
 
+def _service_error(exc: services.ServiceError) -> ApiError:
+    retry_after = getattr(exc, "retry_after", None)
+    headers = {} if retry_after is None else {"Retry-After": str(math.ceil(retry_after))}
+    return ApiError(_service_code(exc), str(exc), headers=headers)
+
+
 @dataclass(frozen=True)
 class ApiCall:
     """One authenticated API request: who (by token, or by session where allowed), with
@@ -158,7 +165,7 @@ def endpoint(
         except ApiError as exc:
             return exc.response()
         except services.ServiceError as exc:
-            return ApiError(_service_code(exc), str(exc)).response()
+            return _service_error(exc).response()
         except Exception:
             # A client gets JSON even when we fail; the details go to the log, not to it.
             logger.exception("API %s %s failed", request.method, request.path)
@@ -409,6 +416,7 @@ def _step(call: ApiCall, task_id: int) -> HttpResponse:
     fields = s.STEP.read(call.body)
     step = fields.pop("step")
     answer = attached.attached_step(
+        actor=call.user,
         task_id=task_id,
         request_id=fields.pop("request_id"),
         lease=fields.pop("lease"),

@@ -92,9 +92,11 @@ class ProtocolRefused(ServiceError):
     """A step the protocol refuses; ``code`` is its machine-readable reason (an API error
     code, docs/protocol.md "Errors")."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.retry_after = retry_after
+        """For ``lease_held``: the seconds the holder's lease has left (``Retry-After``)."""
 
 
 def body_hash(body: Mapping[str, Any]) -> str:
@@ -178,6 +180,7 @@ def attached_start(
 
 def attached_step(
     *,
+    actor: User,
     task_id: int,
     request_id: str,
     lease: str,
@@ -195,6 +198,10 @@ def attached_step(
         if opened is None:
             raise NotFound(f"there is no task {task_id}")
         task, prior = opened
+        if task.created_by_id != actor.pk:
+            # Only the person whose token started it drives it; to anyone else it is a
+            # task that does not exist (no lease, no state, not even that it is there).
+            raise NotFound(f"there is no task {task_id}")
         if not task.is_attached:
             raise ProtocolRefused("not_attached", f"task {task_id} is hosted: workers drive it")
         if prior is not None:
@@ -241,7 +248,10 @@ def _step(
         now = Task.objects.get(id=task.id)
         if now.is_terminal:  # stopped before it ran, or recovered from a lost client
             return _remembered(store, _stopped(now), answered)
-        raise ProtocolRefused("lease_held", f"task {task.id}: {taken}")
+        left = None
+        if now.lease_expires_at is not None:
+            left = max(1.0, (now.lease_expires_at - timezone.now()).total_seconds())
+        raise ProtocolRefused("lease_held", f"task {task.id}: {taken}", retry_after=left)
     return _Driver(taken, store, handover=handover).run(step, fields, answered)
 
 

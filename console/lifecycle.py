@@ -16,6 +16,7 @@ PostgreSQL store's statements build their conditions from the same table).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -325,7 +326,7 @@ def finish_drive(
         .first()
     )
     if task is None:
-        raise LostRace(f"task {task_id} is no longer driven by {owner}")
+        raise LostRace(f"task {task_id} is no longer driven by this driver")
     stored = report.to_dict()
     if summary_due:
         stored["summary_due"] = True
@@ -353,7 +354,9 @@ def start_drive(task_id: int, owner: str, *, lease_seconds: float) -> Task | str
     now = timezone.now()
     if task.lease_owner and task.lease_expires_at and task.lease_expires_at > now:
         if task.lease_owner != owner:
-            return f"lease held by {task.lease_owner}"
+            # Never the holder's lease itself: it is that driver's credential of the task.
+            left = max(1, math.ceil((task.lease_expires_at - now).total_seconds()))
+            return f"another driver holds the lease for {left} more seconds"
     elif task.state == TaskState.RUNNING and not recover(task, why="driver lost"):
         return "recovered: the task stopped"
     if task.stop_requested_at is not None and task.state == TaskState.QUEUED:

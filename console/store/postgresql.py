@@ -260,7 +260,7 @@ class PostgresStore(BaseStore):
             row = fetch_one(sql, [*self._save_params(carry, now), *claim])
         if row is None:
             if carry is not None:  # the save's UPDATE found no row this owner drives
-                raise LeaseLost(f"task {task} is no longer driven by {self.owner}")
+                raise LeaseLost(f"task {task} is no longer driven by this driver")
             raise LeaseLost(f"task {task} does not exist")
         stopping, lease_owner, claimed_id, attempts, evidence = row
         if carry is not None:
@@ -268,7 +268,7 @@ class PostgresStore(BaseStore):
         if stopping:
             raise StopRecorded(f"task {task} is stopping")
         if lease_owner != self.owner:
-            raise LeaseLost(f"task {task} is driven by {lease_owner or 'nobody'}")
+            raise LeaseLost(f"task {task} is driven by {'another driver' if lease_owner else 'nobody'}")
         if claimed_id is not None:
             entry = Entry(key, fingerprint, OPERATION_MOVES["claim"][1], None, attempts, evidence)
             return Claim(ClaimStatus.CLAIMED, entry)
@@ -365,7 +365,7 @@ class PostgresStore(BaseStore):
     ) -> Saved:
         """Take in what a save returned: the stop fact, or that the lease is gone."""
         if row is None:
-            raise LeaseLost(f"task {self.task_id} is no longer driven by {self.owner}")
+            raise LeaseLost(f"task {self.task_id} is no longer driven by this driver")
         self.next_seq += len(step.events)
         step.saved = Saved(bool(row[0]), failed)
         return step.saved

@@ -83,7 +83,7 @@ class SqliteStore(BaseStore):
                 # Raised once the transaction commits: a carried step is saved all the same.
                 refused = StopRecorded(f"task {self.task_id} is stopping")
             elif lease_owner != self.owner:
-                raise LeaseLost(f"task {self.task_id} is driven by {lease_owner or 'nobody'}")
+                raise LeaseLost(f"task {self.task_id} is driven by {'another driver' if lease_owner else 'nobody'}")
             else:
                 claimed = fetch_one(_CLAIM, [key, fingerprint, tool, self.task_id, args, now, now])
                 row = Operation.objects.get(key=key)
@@ -152,7 +152,7 @@ class SqliteStore(BaseStore):
         with transaction.atomic() if step.events else nullcontext():
             row = fetch_one(sql, [*params, self.task_id, self.owner])
             if row is None:
-                raise LeaseLost(f"task {self.task_id} is no longer driven by {self.owner}")
+                raise LeaseLost(f"task {self.task_id} is no longer driven by this driver")
             if step.events:
                 TraceEvent.objects.bulk_create(
                     TraceEvent(task_id=self.task_id, phase=self.phase, seq=seq, **event)

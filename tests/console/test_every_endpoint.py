@@ -41,7 +41,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.resolvers import RegexPattern
 
-from console import openapi, runner, services
+from console import attached, openapi, runner, services
 from console.demo.desk import seed_demo_data
 from console.forms import ApprovalForm, BulkForm, ResolveForm, ResumeForm, StartForm, StopForm
 from console.models import (
@@ -53,7 +53,7 @@ from console.models import (
     Task,
 )
 from console.notification_views import ChannelForm, ReasonForm
-from console.roles import assign
+from console.roles import Role, assign
 from console.tokens import api_token_issue
 
 from .views.support import PERSONAS, finish, unknown_operation
@@ -61,6 +61,9 @@ from .views.support import PERSONAS, finish, unknown_operation
 pytestmark = pytest.mark.django_db
 
 KEY = "order/42/refund"  # a slash, as real keys have
+# The live lease of an attached task: its driver's credential, which no answer to anyone
+# else may show (not in an error, a page, an API field).
+LEASE = "walker-host:1:lease-nobody-else-may-see"
 ANONYMOUS = "anonymous"
 BAD_TOKEN = "bad-token"
 MIB = 1024 * 1024
@@ -132,6 +135,7 @@ class World:
     secrets: dict[str, str]  # by persona: an API token of theirs
     channel_id: int = 0  # a notification channel (a webhook nobody listens to)
     approval_id: int = 0  # a refund held for a person's approval
+    attached_id: int = 0  # an attached task driven by someone who is no persona, by LEASE
 
 
 @pytest.fixture(scope="module")
@@ -172,8 +176,17 @@ def world(django_db_setup: None, django_db_blocker: Any) -> Iterator[World]:
             secret="a-secret-for-the-sweep",
             kinds=["needs_human"],
         )
+        driver = User.objects.create_user("driver-elsewhere")
+        assign(driver, (Role.AGENT,))
+        drove, _ = attached.attached_start(
+            actor=driver, request_id="walker", lease=LEASE, agent="walker-bot",
+            client="walker/1", tools={"lookup": "read"}, fingerprint="walker",
+        )  # fmt: skip
         try:
-            yield World(queued, stopped, uncertain, op, users, secrets, channel.id, held.id)
+            yield World(
+                queued, stopped, uncertain, op, users, secrets, channel.id, held.id,
+                attached_id=drove["task"],
+            )  # fmt: skip
         finally:
             call_command("flush", interactive=False, verbosity=0)
 
@@ -242,6 +255,7 @@ def path_values(route: Route, w: World) -> dict[str, dict[str, str]]:
             "queued": str(w.queued.id),
             "stopped": str(w.stopped.id),
             "uncertain": str(w.uncertain.id),
+            "attached": str(w.attached_id),
         },
         "key": {"real": w.op.key},
         "channel_id": {"real": str(w.channel_id)},
@@ -606,6 +620,7 @@ class Sender:
         client = self.client(who)
         url = f"{path}?{query}" if query else path
         before = snapshot(self.route) if check_state else None
+        content = b""
         try:
             if method == "GET":
                 response = client.get(url)
@@ -620,7 +635,9 @@ class Sender:
                     **(extra or {}),
                 )
             if getattr(response, "streaming", False):
-                b"".join(response.streaming_content)  # an export fails while it streams
+                content = b"".join(response.streaming_content)  # an export fails while it streams
+            else:
+                content = response.content
             status = response.status_code
         except Exception as exc:  # a failure while streaming is a server error too
             status = 599
@@ -629,6 +646,8 @@ class Sender:
         shown = f"{method} {url[:160]} as {who} [{label}]"
         if status >= 500:
             self.failures.append(f"{status} {shown}")
+        if LEASE.encode() in content or (status != 599 and LEASE in str(response.headers)):
+            self.failures.append(f"the attached task's lease shown: {shown}")
         if before is not None and snapshot(self.route) != before:
             self.failures.append(f"state changed: {shown}")
         cookie = client.cookies.get(settings.SESSION_COOKIE_NAME)

@@ -407,7 +407,8 @@ def test_a_claim_by_a_driver_that_does_not_hold_the_lease_raises_and_inserts_not
         carrying(ledger, task)
 
     with pytest.raises(
-        LeaseLost, match=f"no longer driven by {OWNER}" if carried else holder or "nobody"
+        LeaseLost,
+        match="no longer driven by this driver" if carried else holder and "another" or "nobody",
     ):
         ledger.claim(KEY, FP)
 

@@ -77,7 +77,7 @@ def test_a_second_driver_finds_the_lease_held_and_does_nothing(start: Start) -> 
     outcome = runner.drive(task.id)
 
     task.refresh_from_db()
-    assert outcome.startswith("lease held by elsewhere:1")
+    assert outcome.startswith("another driver holds the lease")
     assert task.state == TaskState.QUEUED
     assert task.executions == 0
     assert not TraceEvent.objects.filter(task=task).exists()

@@ -284,7 +284,7 @@ def test_a_retry_that_arrives_while_its_request_runs_gets_the_same_answer(
     def send(name: str) -> None:
         try:
             answers[name] = attached.attached_step(
-                task_id=started.task, request_id="r-x", lease=started.lease, step=step,
+                actor=started.caller.user, task_id=started.task, request_id="r-x", lease=started.lease, step=step,
                 fields=dict(fields), fingerprint=attached.body_hash(body),
             )  # fmt: skip
         except Exception as exc:  # the assertion below says which
@@ -489,7 +489,9 @@ def test_an_unknown_task_is_404_and_a_hosted_one_409(
     assert started.send("model").status_code == 404
     hosted = start("test_reader", {"pages": 1})
     started.task = hosted.id
-    response = started.send("model")
+    assert started.send("model").status_code == 404  # someone else's: as if it were not there
+    Task.objects.filter(id=hosted.id).update(created_by=started.caller.user)
+    response = started.send("model")  # the person's own hosted task: the workers drive it
     assert response.status_code == 409 and response.json()["code"] == "not_attached"
 
 
