@@ -83,7 +83,8 @@ class BaseStore:
 
     def go_on(self, task: Task) -> None:
         if task.lease_owner != self.owner:
-            raise LeaseLost(f"task {task.id} is driven by {'another driver' if task.lease_owner else 'nobody'}")
+            driver = "another driver" if task.lease_owner else "nobody"
+            raise LeaseLost(f"task {task.id} is driven by {driver}")
         self.next_seq, self.phase = task.next_seq, task.phase
 
     def renew_lease(self, seconds: float) -> bool:

@@ -268,7 +268,8 @@ class PostgresStore(BaseStore):
         if stopping:
             raise StopRecorded(f"task {task} is stopping")
         if lease_owner != self.owner:
-            raise LeaseLost(f"task {task} is driven by {'another driver' if lease_owner else 'nobody'}")
+            driver = "another driver" if lease_owner else "nobody"
+            raise LeaseLost(f"task {task} is driven by {driver}")
         if claimed_id is not None:
             entry = Entry(key, fingerprint, OPERATION_MOVES["claim"][1], None, attempts, evidence)
             return Claim(ClaimStatus.CLAIMED, entry)

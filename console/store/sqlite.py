@@ -83,7 +83,8 @@ class SqliteStore(BaseStore):
                 # Raised once the transaction commits: a carried step is saved all the same.
                 refused = StopRecorded(f"task {self.task_id} is stopping")
             elif lease_owner != self.owner:
-                raise LeaseLost(f"task {self.task_id} is driven by {'another driver' if lease_owner else 'nobody'}")
+                driver = "another driver" if lease_owner else "nobody"
+                raise LeaseLost(f"task {self.task_id} is driven by {driver}")
             else:
                 claimed = fetch_one(_CLAIM, [key, fingerprint, tool, self.task_id, args, now, now])
                 row = Operation.objects.get(key=key)

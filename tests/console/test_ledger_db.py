@@ -408,7 +408,7 @@ def test_a_claim_by_a_driver_that_does_not_hold_the_lease_raises_and_inserts_not
 
     with pytest.raises(
         LeaseLost,
-        match="no longer driven by this driver" if carried else holder and "another" or "nobody",
+        match="no longer driven by this driver" if carried else (holder and "another") or "nobody",
     ):
         ledger.claim(KEY, FP)
 

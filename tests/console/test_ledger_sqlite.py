@@ -367,8 +367,8 @@ answer, _ = attached.attached_start(actor=user, request_id="s", lease=lease, age
     client="tests", tools={"refund": "write"}, limits=limits, fingerprint="s")
 task = answer["task"]
 def step(name, request_id, **fields):
-    return attached.attached_step(actor=user, task_id=task, request_id=request_id, lease=lease, step=name,
-        fields=fields, fingerprint=attached.body_hash({"step": name, **fields}))
+    return attached.attached_step(actor=user, task_id=task, request_id=request_id, lease=lease,
+        step=name, fields=fields, fingerprint=attached.body_hash({"step": name, **fields}))
 out = {}
 step("model", "m-1")
 refund = {"tool": "refund", "args": {"n": 1}, "operation_key": "k-1"}
