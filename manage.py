@@ -1,20 +1,24 @@
 #!/usr/bin/env python3
-"""LoopGuard's single entry point: `up`, `test`, or any Django management command.
+"""LoopGuard's single entry point: `up`, `test`, `dist`, or any Django management command.
 
 Everything above `run_django` uses only the standard library, so any python3 (even one too
-old for Django) can find a Python 3.12+, build `.venv` and re-exec itself inside it.
+old for Django) can find a Python 3.12+, build `.venv` and re-exec itself inside it;
+pyproject.toml is read only on that Python 3.12+ (tomllib).
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
@@ -22,6 +26,10 @@ VENV_PYTHON = VENV / "bin" / "python"
 STAMP = VENV / ".loopguard-install"  # "<sha256 of pyproject.toml> <extras>"
 MIN_VERSION = (3, 12)
 REEXEC_MARK = "LOOPGUARD_IN_VENV"
+DIST = ROOT / ".loopguard" / "dist"  # where `manage.py dist` puts the wheels (--out to change)
+# Where .venv's editable install of the guard's distribution is laid out (pip's place for
+# editable sources); its guard/ is a link to this checkout's.
+GUARD_EDITABLE = VENV / "src" / "loopguard-guard"
 
 
 def python_version(executable: str | Path) -> tuple[int, int] | None:
@@ -90,8 +98,155 @@ def create_venv() -> None:
     subprocess.run([str(python), "-m", "venv", str(VENV)], check=True)
 
 
+def read_pyproject() -> dict[str, Any]:
+    """pyproject.toml, parsed; only ever called on a Python 3.12+ (tomllib is 3.11's)."""
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+# The guard's distribution takes these from [project] unchanged, and GUARD_OWNS from
+# [tool.loopguard.guard-distribution]; it has no dependencies at all.
+GUARD_SHARES = ("version", "requires-python", "readme", "license", "authors", "urls")
+GUARD_OWNS = ("name", "description", "optional-dependencies")
+NOT_BUILT = shutil.ignore_patterns("__pycache__", "*.py[cod]")
+
+
+def toml_value(value: object) -> str:
+    """``value`` in TOML: the strings, lists and tables that [project] holds."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
+    raise TypeError(f"no TOML for {value!r} here")
+
+
+def guard_pyproject(pyproject: dict[str, Any]) -> str:
+    """The guard's own pyproject.toml, written from this repository's one: guard/ alone, no
+    dependencies, the extras and names of [tool.loopguard.guard-distribution]."""
+    project, own = pyproject["project"], pyproject["tool"]["loopguard"]["guard-distribution"]
+    if unknown := sorted(set(own) - set(GUARD_OWNS)):
+        sys.exit(
+            f"manage.py: [tool.loopguard.guard-distribution] takes only {GUARD_OWNS}, "
+            f"not {unknown} (the guard depends on nothing outside the standard library)"
+        )
+    build = pyproject["build-system"]
+    lines = [
+        "# Written by `python3 manage.py dist` from the repository's pyproject.toml.",
+        "[build-system]",
+        f"requires = {toml_value(build['requires'])}",
+        f"build-backend = {toml_value(build['build-backend'])}",
+        "",
+        "[project]",
+        f"name = {toml_value(own['name'])}",
+        f"description = {toml_value(own['description'])}",
+        *(f"{key} = {toml_value(project[key])}" for key in GUARD_SHARES if key in project),
+        "dependencies = []",
+        "",
+        "[project.optional-dependencies]",
+        *(f"{json.dumps(extra)} = {toml_value(needs)}"
+          for extra, needs in own.get("optional-dependencies", {}).items()),
+        "",
+        "[tool.setuptools]",
+        'packages = ["guard"]',
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def readme_of(project: dict[str, Any]) -> str | None:
+    """The file [project]'s readme names, if any."""
+    readme = project.get("readme")
+    return readme if isinstance(readme, str) else (readme or {}).get("file")
+
+
+def guard_project(folder: Path, *, editable: bool) -> Path:
+    """The guard's distribution laid out in ``folder`` (emptied first): its pyproject.toml,
+    the readme and guard/ — copied for a wheel, linked for an editable install (setuptools
+    maps that to this checkout's guard/ itself)."""
+    pyproject = read_pyproject()
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    (folder / "pyproject.toml").write_text(guard_pyproject(pyproject), encoding="utf-8")
+    if readme := readme_of(pyproject["project"]):
+        shutil.copy2(ROOT / readme, folder / readme)
+    if editable:
+        (folder / "guard").symlink_to(ROOT / "guard", target_is_directory=True)
+    else:
+        shutil.copytree(ROOT / "guard", folder / "guard", ignore=NOT_BUILT)
+    return folder
+
+
+def console_project(folder: Path) -> Path:
+    """The console's distribution (this repository's pyproject.toml) in ``folder``, so that
+    building it leaves no build/ or egg-info in the checkout."""
+    folder.mkdir(parents=True)
+    names = ["pyproject.toml", readme_of(read_pyproject()["project"])]
+    for name in filter(None, names):
+        shutil.copy2(ROOT / name, folder / name)
+    shutil.copytree(ROOT / "console", folder / "console", ignore=NOT_BUILT)
+    return folder
+
+
+def build_wheels(out: Path) -> list[Path]:
+    """Build the guard's and the console's wheels into ``out`` (replacing older ones of
+    theirs there) with this interpreter's pip; return their paths."""
+    pyproject = read_pyproject()
+    project = pyproject["project"]
+    guard_name = pyproject["tool"]["loopguard"]["guard-distribution"]["name"]
+    pin = re.compile(rf"{re.escape(guard_name)}\s*==\s*{re.escape(project['version'])}")
+    if not any(pin.fullmatch(need) for need in project["dependencies"]):
+        sys.exit(
+            f"manage.py dist: pyproject.toml's dependencies must name "
+            f"{guard_name}=={project['version']}, the guard of the console's version"
+        )
+    names = [guard_name, project["name"]]
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        for old in out.glob(f"{wheel_stem(name)}-*.whl"):
+            old.unlink()
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    with tempfile.TemporaryDirectory(prefix="loopguard-dist-") as scratch:
+        projects = [
+            guard_project(Path(scratch) / "guard", editable=False),
+            console_project(Path(scratch) / "console"),
+        ]
+        for name, source in zip(names, projects, strict=True):
+            pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                   "--wheel-dir", str(out), str(source)]  # fmt: skip
+            if subprocess.run(pip, env=env, check=False).returncode != 0:
+                sys.exit(f"manage.py dist: building {name} failed (see the errors above)")
+    return [wheel for name in names for wheel in sorted(out.glob(f"{wheel_stem(name)}-*.whl"))]
+
+
+def wheel_stem(name: str) -> str:
+    """How a distribution's name begins its wheel's file name."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def run_dist(args: list[str]) -> None:
+    """`manage.py dist`: both wheels, built from this checkout, with any Python 3.12+."""
+    parser = argparse.ArgumentParser(
+        prog="python3 manage.py dist",
+        description="Build LoopGuard's two wheels from this checkout: the guard's "
+        "(loopguard-guard: guard/ alone, standard library only) and the console's "
+        "(loopguard-console, which depends on it). Needs pip and the package index "
+        "(for setuptools); uses no .venv.",
+    )
+    parser.add_argument("--out", type=Path, default=DIST, help=f"default: {DIST}")
+    options = parser.parse_args(args)
+    if sys.version_info < MIN_VERSION:
+        searched: list[str] = []
+        python = find_python(searched) or fail_no_python(searched)
+        os.execv(python, [str(python), str(ROOT / "manage.py"), "dist", *args])
+    for wheel in build_wheels(options.out.resolve()):
+        print(wheel)
+
+
 def install(extras: str) -> None:
-    """`pip install -e .[extras]` into .venv unless pyproject.toml is unchanged since last time."""
+    """`pip install -e .[extras]` into .venv, with the guard's own distribution (editable,
+    from this checkout's guard/), unless pyproject.toml is unchanged since last time."""
     digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
     installed = STAMP.read_text().split() if STAMP.exists() else []
     have = set(",".join(installed[1:]).split(",")) - {""}
@@ -103,29 +258,36 @@ def install(extras: str) -> None:
     why = changed if installed else "first install"
     extras = ",".join(sorted(wanted | have))  # keep the dev tools once they are there
     target = f".[{extras}]" if extras else "."
-    print(f"manage.py: installing {target} into .venv ({why}; quiet unless it fails)", flush=True)
+    said = f"the guard and {target}"
+    print(f"manage.py: installing {said} into .venv ({why}; quiet unless it fails)", flush=True)
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    pip = [str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "--editable", target]
+    # Before 0.2.0 this repository was one distribution, "loopguard" (a name PyPI gives to
+    # another project); left in an older .venv it would still claim guard/ and console/.
+    if any(VENV.glob("lib/python*/site-packages/loopguard-*.dist-info")):
+        uninstall = [str(VENV_PYTHON), "-m", "pip", "uninstall", "--quiet", "--yes", "loopguard"]
+        subprocess.run(uninstall, cwd=ROOT, env=env, check=False)
+    guard = guard_project(GUARD_EDITABLE, editable=True)
+    pip = [str(VENV_PYTHON), "-m", "pip", "install", "--quiet",
+           "--editable", str(guard), "--editable", target]  # fmt: skip
     if subprocess.run(pip, cwd=ROOT, env=env, check=False).returncode != 0:
         sys.exit("manage.py: pip install failed (see the errors above)")
     STAMP.write_text(f"{digest} {extras}\n")
 
 
 def ensure_environment(extras: str = "") -> None:
-    """Make sure we run inside an up-to-date .venv; re-exec into it when we are not."""
-    inside = Path(sys.prefix).resolve() == VENV.resolve()
-    if inside:
+    """Make sure we run inside an up-to-date .venv; re-exec into it when we are not (the
+    install happens in there: reading pyproject.toml needs a Python 3.12+)."""
+    if Path(sys.prefix).resolve() == VENV.resolve():
         os.environ.pop(REEXEC_MARK, None)  # so that a nested `python3 manage.py` may re-exec
-    else:
-        if os.environ.get(REEXEC_MARK):
-            sys.exit(f"manage.py: re-exec into {VENV_PYTHON} did not land in the venv")
-        version = python_version(VENV_PYTHON) if VENV_PYTHON.exists() else None
-        if version is None or version < MIN_VERSION:
-            create_venv()
-    install(extras)
-    if not inside:
-        os.environ[REEXEC_MARK] = "1"
-        os.execv(VENV_PYTHON, [str(VENV_PYTHON), str(ROOT / "manage.py"), *sys.argv[1:]])
+        install(extras)
+        return
+    if os.environ.get(REEXEC_MARK):
+        sys.exit(f"manage.py: re-exec into {VENV_PYTHON} did not land in the venv")
+    version = python_version(VENV_PYTHON) if VENV_PYTHON.exists() else None
+    if version is None or version < MIN_VERSION:
+        create_venv()
+    os.environ[REEXEC_MARK] = "1"
+    os.execv(VENV_PYTHON, [str(VENV_PYTHON), str(ROOT / "manage.py"), *sys.argv[1:]])
 
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -189,6 +351,8 @@ what a command needs the first time), then runs the command there.
   test     the whole test suite: ruff, mypy --strict, then pytest against the real
            PostgreSQL and Redis (installs the dev and framework extras, and Debian's
            chromium for the browser tests).  `python3 manage.py help test` says more.
+  dist     build the two wheels, loopguard-guard (guard/ alone, no dependencies) and
+           loopguard-console (which depends on it), into .loopguard/dist (uses no .venv).
   <other>  any Django management command (migrate, createsuperuser, start_task,
            create_user, create_api_token, ...); `python3 manage.py help <command>` for one,
            `python3 manage.py help --commands` for the list (these need .venv).
@@ -207,10 +371,11 @@ Runs, in order and stopping at the first that fails:
                     workers and headless Chromium; arguments are passed to pytest
                     (for instance `-m "not slow"`, `tests/guard`, `-x`).
 
-Before it runs, .venv gets the project with its dev, model, langchain and openai-agents
-extras (the first time, or when pyproject.toml changed), and Debian's chromium package is
-installed if it is missing and this is root with apt (otherwise the browser tests are
-skipped, and say so).
+Before it runs, .venv gets the guard's distribution and the console's with its dev, model,
+langchain and openai-agents extras, both editable (the first time, or when pyproject.toml
+changed), and Debian's chromium package is installed if it is missing and this is root
+with apt (otherwise the browser tests are skipped, and say so). tests/deploy builds both
+wheels as `manage.py dist` does and runs an agent on the guard's alone, in an empty venv.
 
 Nothing is installed to show this text.
 """
@@ -234,10 +399,12 @@ def main(argv: list[str]) -> None:
         print(text, end="")
         return
     command = argv[1] if len(argv) > 1 else ""
-    if len(argv) > 2 and command == "help" and argv[2] == "up":
-        argv = [argv[0], "up", "--help"]  # up's own options, from its parser
-        command = "up"
-    if command == "test":
+    if len(argv) > 2 and command == "help" and argv[2] in ("up", "dist"):
+        argv = [argv[0], argv[2], "--help"]  # the command's own options, from its parser
+        command = argv[1]
+    if command == "dist":
+        run_dist(argv[2:])  # needs no .venv, and installs nothing into one
+    elif command == "test":
         # The model agent's client and the framework integrations are extras their tests need.
         ensure_environment("dev,model,langchain,openai-agents")
         run_tests(argv[2:])

@@ -12,7 +12,8 @@ so state moves, stale actions and audit entries are the same whichever door was 
 Every answer is JSON (shapes in :mod:`console.serializers`, described by
 :mod:`console.openapi`); every failure is ``{"error": "...", "code": "..."}`` whose code
 fixes its status: 400 malformed, 401 no usable token, 403 missing role, 404 unknown, 405
-wrong method, 409 stale or refused action, 413 body over 1 MiB.
+wrong method, 409 stale or refused action, 413 body over 1 MiB, 503 (with ``Retry-After``)
+when the database cannot answer now.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, cast
 from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
@@ -43,6 +45,10 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1024 * 1024
 CHALLENGE = 'Bearer realm="loopguard"'
+# How long a client waits before it asks again when the database cannot answer: a
+# connection lost mid-request is fine at once, a restart takes a few seconds, and
+# guard.remote's three retries then cover about six.
+DATABASE_RETRY_AFTER_SECONDS = 2
 
 
 # -- requests and answers ----------------------------------------------------------------------
@@ -66,6 +72,30 @@ class ApiError(Exception):
         for name, value in self.headers.items():
             response[name] = value
         return response
+
+
+def database_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` comes of a database that cannot answer now (down, restarting, the
+    connection lost mid-request), itself or what it was raised from or while handling: a
+    driver may re-raise such an error as a ``DatabaseError`` of its own."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain is short; a cycle in it must not hang the request
+        if seen is None:
+            return False
+        if isinstance(seen, (OperationalError, InterfaceError)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def database_unavailable() -> JsonResponse:
+    """The answer to a request the database could not serve: a 503 saying when to ask again."""
+    return ApiError(
+        ErrorCode.DATABASE_UNAVAILABLE,
+        "the console's database is not answering (it may be restarting); send the request "
+        f"again in {DATABASE_RETRY_AFTER_SECONDS} seconds",
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
+    ).response()
 
 
 def _unauthorized(code: ErrorCode, message: str) -> ApiError:
@@ -166,7 +196,14 @@ def endpoint(
             return exc.response()
         except services.ServiceError as exc:
             return _service_error(exc).response()
-        except Exception:
+        except Exception as exc:
+            if database_outage(exc):
+                # Not the console's bug, and the request may be sent again (a step with its
+                # request_id is never carried out twice): a warning, and a 503.
+                logger.warning(
+                    "API %s %s: the database failed: %s", request.method, request.path, exc
+                )
+                return database_unavailable()
             # A client gets JSON even when we fail; the details go to the log, not to it.
             logger.exception("API %s %s failed", request.method, request.path)
             failed = ApiError(ErrorCode.INTERNAL_ERROR, "internal error; it has been logged")
@@ -405,7 +442,8 @@ def _attach(call: ApiCall) -> HttpResponse:
         input=fields["input"],
         limits=fields["limits"],
         reason=fields["reason"].strip() or f"attached through the API with {call.credential}",
-        fingerprint=attached.body_hash(call.body),
+        # A start asked again by a new process (another lease) is the same start.
+        fingerprint=attached.body_hash({k: v for k, v in call.body.items() if k != "lease"}),
     )
     response = _answer(s.ATTACHED, answer, status=201 if created else 200)
     response["Location"] = reverse("api:attached-steps", args=[answer["task"]])

@@ -39,19 +39,31 @@ from guard import (
     Evidence,
     Finish,
     Guard,
+    Kind,
     Nudge,
     OperationState,
     Reason,
     Report,
     Result,
+    Settlement,
     State,
 )
-from guard.steps import Action, Ticket, canonical_json
+from guard.steps import RETRY_WAIT_MS, Action, Ticket, canonical_json
 
 from . import services, trace
 from .ledger import DatabaseLedger
-from .lifecycle import limits_of, usage_of
-from .models import Decision, EventKind, StepRequest, StopReport, Task, TaskState
+from .lifecycle import limits_of, operator_stop_detail, usage_of
+from .models import (
+    AuditAction,
+    AuditEntry,
+    Decision,
+    EventKind,
+    Operation,
+    StepRequest,
+    StopReport,
+    Task,
+    TaskState,
+)
 from .redaction import preview, redact
 from .services import InvalidInput, NotFound, ServiceError
 from .store import Answer, Step, StepStore, open_store
@@ -145,7 +157,12 @@ def attached_start(
                 raise ProtocolRefused(
                     "request_id_reused", f"request {request_id} started another task"
                 )
-            return dict(prior.answer), False
+            replayed = dict(prior.answer)
+            if Task.objects.filter(id=prior.task_id, lease_owner=lease).exists():
+                return replayed, False
+            # Asked again by another lease (a new process that never saw the answer): the
+            # task is there; the client takes it over with a heartbeat.
+            return replayed | {"attach": True}, False
         task = services.task_start(
             agent=agent,
             input=input,
@@ -211,7 +228,7 @@ def attached_step(
                 )
             return dict(prior.answer)
         answer = _Answered(request_id, step, fingerprint)
-        return _step(task, store, step, fields, answer)
+        return _step(task, store, step, fields, answer, actor)
 
 
 @dataclass(frozen=True)
@@ -231,18 +248,23 @@ class _Answered:
 
 
 def _step(
-    task: Task, store: StepStore, step: str, fields: Mapping[str, Any], answered: _Answered
+    task: Task,
+    store: StepStore,
+    step: str,
+    fields: Mapping[str, Any],
+    answered: _Answered,
+    actor: User,
 ) -> dict[str, Any]:
     if task.is_terminal:
         if step == "result":
             _settle_late(task, store.owner, fields)
         return _remembered(store, _stopped(task), answered)  # terminal is sticky
-    # Another client took over (a new process, after its predecessor vanished): what that
-    # one left unreported is the guard's to judge (an execution never reported is lost).
+    # This request takes the lease (a new process after its predecessor vanished, or a
+    # client whose lease ran out): the calls left running are interrupted (_Driver).
     handover = task.lease_owner != store.owner
     if step != "heartbeat" and _fresh(task, store.owner):  # a heartbeat is there to renew it
         store.go_on(task)  # renewed a moment ago: no statement for it this time
-        return _Driver(task, store).run(step, fields, answered)
+        return _Driver(task, store, actor=actor).run(step, fields, answered)
     taken = store.take_lease(lease_seconds())
     if isinstance(taken, str):
         now = Task.objects.get(id=task.id)
@@ -252,7 +274,7 @@ def _step(
         if now.lease_expires_at is not None:
             left = max(1.0, (now.lease_expires_at - timezone.now()).total_seconds())
         raise ProtocolRefused("lease_held", f"task {task.id}: {taken}", retry_after=left)
-    return _Driver(taken, store, handover=handover).run(step, fields, answered)
+    return _Driver(taken, store, actor=actor, handover=handover).run(step, fields, answered)
 
 
 def _remembered(store: StepStore, answer: dict[str, Any], answered: _Answered) -> dict[str, Any]:
@@ -372,17 +394,27 @@ class _Clock:
 
     model_at: float | None = None
     entered: dict[str, float] | None = None
+    orphans: tuple[int, ...] = ()
+    """The calls a lost client left running, by ticket, until they are reported."""
 
     def to_dict(self, saved_at: float) -> dict[str, Any]:
-        return {"saved_at": saved_at, "model_at": self.model_at, "entered": self.entered or {}}
+        return {
+            "saved_at": saved_at,
+            "model_at": self.model_at,
+            "entered": self.entered or {},
+            "orphans": list(self.orphans),
+        }
 
 
 class _Driver:
     """One step of one attached task, with its guard restored from the checkpoint."""
 
-    def __init__(self, task: Task, store: StepStore, *, handover: bool = False) -> None:
+    def __init__(
+        self, task: Task, store: StepStore, *, actor: User, handover: bool = False
+    ) -> None:
         self.task = task
         self.store = store
+        self.actor = actor
         self.handover = handover
         self.now = _wall_ms()
         self.ledger = DatabaseLedger(store=store)
@@ -407,9 +439,21 @@ class _Driver:
             self.in_progress = _met_the_ledger(saved.get("steps"))
             self.guard = Guard.restore(saved, limits, history=self._history, **options)
             self.clock = _Clock(clock.get("model_at"), dict(clock.get("entered") or {}))
+            orphans = set(clock.get("orphans") or ())
+            if handover:
+                # Whatever was running when this lease was taken was left by a client that
+                # is gone (or whose lease ran out): its outcome is interrupted, never waited for.
+                orphans = {ticket.index for ticket in self.guard.tickets}
+            self.clock.orphans = tuple(
+                ticket.index
+                for ticket in self.guard.tickets
+                if ticket.index in orphans and str(ticket.status) in _RUNNING
+            )
         else:
             self.guard = Guard(limits, used=used, revision=task.revision, **options)
             self.clock = _Clock()
+        self.settled: list[tuple[str, Settlement]] = []
+        """Writes a client's lookup settled in this step, for the audit log (:meth:`run`)."""
 
     # -- the steps ---------------------------------------------------------------------------
 
@@ -418,6 +462,12 @@ class _Driver:
         if step == "heartbeat":
             stopping = self.task.stop_requested_at is not None
             answer = self._answer(stop_requested=stopping, lease_seconds=lease_seconds())
+            if self.clock.orphans:
+                answer["interrupted"] = [self._interrupted(index) for index in self.clock.orphans]
+                if self.handover:
+                    self._save()  # the calls stay interrupted for this lease's next steps
+                    pending, self.pending = self.pending, None
+                    self.store.save(pending)  # type: ignore[arg-type]
             answered.of(answer)
             return answer
         handler = getattr(self, f"_{step}")
@@ -433,10 +483,12 @@ class _Driver:
             self.store.save(pending)
         elif kept is not None:
             self.store.remember(kept)
+        self._audit_settled()
         return answer  # type: ignore[no-any-return]
 
     def _model(self, fields: Mapping[str, Any]) -> dict[str, Any]:
-        self._settled_first("a model call")
+        if (stop := self._settled_first("a model call")) is not None:
+            return self._stop(stop)
         for ticket in self.guard.tickets:
             if ticket.status == "admitted":
                 # Admitted and never asked for (its framework dropped it: a person said no,
@@ -450,7 +502,8 @@ class _Driver:
         return self._allow_model(fields)
 
     def _tools(self, fields: Mapping[str, Any]) -> dict[str, Any]:
-        self._settled_first("calls")
+        if (stop := self._settled_first("calls")) is not None:
+            return self._stop(stop)
         calls = self._calls(fields.get("calls"))
         enter = fields.get("enter", False)
         if not isinstance(enter, bool):
@@ -459,6 +512,10 @@ class _Driver:
             raise InvalidInput("enter is for a model call of exactly one call")
         proposal: Any = calls[0] if len(calls) == 1 else calls
         model = self._model_event(proposal)
+        if self.task.stop_requested_at is not None:
+            # Heard now rather than at each call's entry: none of them would run.
+            self.events.append(model)
+            return self._stop(self.guard.halt(State.CANCELLED, Reason.OPERATOR_STOP))
         admitted = self._guarded(lambda: self.guard.before_tools(proposal))
         self.events.append(model)
         if isinstance(admitted, Report):
@@ -529,6 +586,21 @@ class _Driver:
             raise InvalidInput('then must be "wait" or "model"')
         if then == "model":  # checked before the result moves anything (a 400 is final)
             _count(fields.get("reserve", 0), "reserve", MAX_AMOUNT)
+        reported = fields.get("result") is not None or fields.get("error") is not None
+        orphan = ticket.index in self.clock.orphans
+        if orphan and (not reported or ticket.call.effect == "write"):
+            # Interrupted with its client: what the tool's lookup found, or nothing (lost).
+            # A write's result reported after its lease ran out is not taken: recovery has
+            # made it UNKNOWN, and only a lookup (or a person) settles it now.
+            if reported and fields.get("lookup") is not None:
+                raise InvalidInput("a result step carries a result, an error or a lookup")
+            found = _found(fields.get("lookup"), ticket)
+            stop = self._interrupt(ticket, found, _inspector(fields.get("evidence")))
+            if stop is not None:
+                return self._stop(stop)
+            return self._after_results(fields, then)
+        if fields.get("lookup") is not None:
+            raise InvalidInput("lookup is only for a call its client left running (interrupted)")
         executed = status == "executing"
         outcome: Any = None
         error: BaseException | None = None
@@ -553,6 +625,9 @@ class _Driver:
         )
         if stop is not None:
             return self._stop(stop)
+        return self._after_results(fields, then)
+
+    def _after_results(self, fields: Mapping[str, Any], then: str | None) -> dict[str, Any]:
         if then is None or any(
             str(t.status) in ("admitted", "executing", "reusing") for t in self.guard.tickets
         ):
@@ -564,7 +639,8 @@ class _Driver:
         return self._wait(fields, model=then == "model")
 
     def _wait(self, fields: Mapping[str, Any], *, model: bool = False) -> dict[str, Any]:
-        self._settled_first("a wait")
+        if (stop := self._settled_first("a wait")) is not None:
+            return self._stop(stop)
         if self.task.stop_requested_at is not None:
             # Heard now rather than after the wait: the next model call would refuse anyway.
             return self._stop(self.guard.halt(State.CANCELLED, Reason.OPERATOR_STOP))
@@ -589,7 +665,8 @@ class _Driver:
         return self._answer(**answer, allowed=True)
 
     def _finish(self, fields: Mapping[str, Any]) -> dict[str, Any]:
-        self._settled_first("the finish")
+        if (stop := self._settled_first("the finish")) is not None:
+            return self._stop(stop)
         finish = Finish(fields.get("answer"))
         inspect = _inspector(fields.get("evidence"))
         report = self._guarded(lambda: self.guard.finish(finish, inspect))
@@ -613,6 +690,87 @@ class _Driver:
         detail = _text(fields.get("detail"), "detail")
         return self._stop(self.guard.halt(state, reason, detail))
 
+    # -- calls a lost client left running ----------------------------------------------------
+
+    def _interrupted(self, index: int) -> dict[str, Any]:
+        """An interrupted call as a heartbeat names it, for the new process to report."""
+        ticket = self._ticket(index)
+        call = ticket.call
+        return {
+            "ticket": ticket.index,
+            "tool": call.tool,
+            "effect": call.effect,
+            "operation_key": call.operation_key,
+            "status": str(ticket.status),
+        }
+
+    def _interrupt(
+        self, ticket: Ticket, found: Settlement | None, inspect: Any
+    ) -> Report | None:
+        """Settle a call its lost client left running. A reuse counts its stored result; a
+        read is re-askable (``RETRYABLE``: the model may ask for it again, within the
+        repeat limit); a write is lost — settled by ``found`` (the tool's lookup, asked by
+        the new process) or ``UNKNOWN`` for a person. Never run again on anyone's word."""
+        self.clock.orphans = tuple(i for i in self.clock.orphans if i != ticket.index)
+        why = "interrupted: the client running it was lost before it reported"
+        if str(ticket.status) == "reusing":
+            stop = self.guard.after_tool(ticket, inspect=inspect)
+            decision = Decision.REUSED
+        elif ticket.call.effect == "write":
+            decision = Decision.EXECUTED
+            key = ticket.call.operation_key or ""
+            if found is None or found.committed is None:
+                # Recovery made it UNKNOWN when the lease ran out; nobody can tell more.
+                if found is not None:
+                    why = f"{why}; its lookup could not tell: {found.evidence}"
+                stop = self.guard.halt(State.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT, f"{why} ({key})")
+            else:
+                error = _ToolError(why, transient=True)
+                settled = self.guard.after_tool(
+                    ticket, error=error, inspect=inspect, lookup=lambda _key: found
+                )
+                stop = settled
+                self.settled.append((key, found))
+                said = "committed" if found.committed else "not committed"
+                why = f"{why}; its lookup found it {said}: {found.evidence}"
+        else:
+            retry = Result(Kind.RETRYABLE, {"interrupted": why}, wait_ms=RETRY_WAIT_MS)
+            stop = self.guard.after_tool(ticket, retry, inspect=inspect)
+            decision = Decision.EXECUTED
+        self.events.append(
+            self._request(
+                ticket,
+                decision,
+                None,
+                preview(ticket.call.args),
+                reason="" if stop is None else stop.reason,
+                detail=why[:500],
+            )
+        )
+        return stop
+
+    def _audit_settled(self) -> None:
+        """Every write a client's lookup settled, in the audit log as an automatic settle
+        in the name of the token's person (its evidence is in the operation's history)."""
+        for key, found in self.settled:
+            reached = OperationState.COMMITTED if found.committed else OperationState.NOT_COMMITTED
+            op = Operation.objects.filter(key=key, state=reached).first()
+            if op is None:  # the ledger refused the move (a person settled it first)
+                continue
+            action = AuditAction.MARK_NOT_COMMITTED
+            if found.committed:
+                action = AuditAction.MARK_COMMITTED
+            AuditEntry.objects.create(
+                actor=self.actor,
+                action=action,
+                task_id=self.task.id,
+                operation=op,
+                reason=f"settled automatically by the client's lookup: {found.evidence}"[:2000],
+                before={"state": "UNKNOWN"},
+                after={"state": op.state, "by": "lookup", "client": self.task.client},
+            )
+        self.settled = []
+
     # -- helpers -----------------------------------------------------------------------------
 
     def _charge(self, usage: Any) -> None:
@@ -634,15 +792,21 @@ class _Driver:
                 raise _OutOfOrder("step_out_of_order", f"usage.cost: {exc}") from None
         self.tokens, self.cost = tokens, usage.get("cost")
 
-    def _settled_first(self, what: str) -> None:
-        if self.handover:
-            return
+    def _settled_first(self, what: str) -> Report | None:
+        """Before a step that ends the model call's calls: the calls a lost client left
+        running are settled as interrupted (the stop, if one of them stops the task); a
+        call this client runs must have its result reported first."""
+        for index in self.clock.orphans:
+            stop = self._interrupt(self._ticket(index), None, None)
+            if stop is not None:
+                return stop
         for ticket in self.guard.tickets:
-            if str(ticket.status) in ("executing", "reusing"):
+            if str(ticket.status) in _RUNNING:
                 raise _OutOfOrder(
                     "step_out_of_order",
                     f"report the result of call {ticket.index} ({ticket.call.tool}) before {what}",
                 )
+        return None
 
     def _calls(self, raw: Any) -> list[Call]:
         if not isinstance(raw, list) or not 0 < len(raw) <= MAX_CALLS:
@@ -680,13 +844,15 @@ class _Driver:
         raise _OutOfOrder("unknown_call", f"the current model call has no call {raw}")
 
     def _guarded(self, step: Any) -> Any:
-        """Run a guard step; a step the guard finds out of order is the client's error."""
+        """Run a guard step; a step the guard finds out of order is the client's error,
+        said in the protocol's words (the guard's name its Python methods)."""
         try:
             return step()
         except ValueError as exc:
             if self.ledger.unavailable is not None:
-                raise DatabaseError(str(self.ledger.unavailable)) from exc
-            raise _OutOfOrder("step_out_of_order", str(exc)) from None
+                raise DatabaseError(str(self.ledger.unavailable)) from self.ledger.unavailable
+            said = str(exc)
+            raise _OutOfOrder("step_out_of_order", _IN_PROTOCOL_WORDS.get(said, said)) from None
 
     def _model_event(self, proposal: Any, *, detail: str = "") -> dict[str, Any]:
         started = self.clock.model_at
@@ -741,16 +907,62 @@ class _Driver:
         if self.ledger.unavailable is not None:
             # The guard stopped because the ledger could not be read: not a verdict. The
             # step rolls back and the client asks again.
-            raise DatabaseError(f"the ledger failed ({self.ledger.unavailable})")
+            failed = self.ledger.unavailable
+            raise DatabaseError(f"the ledger failed ({failed})") from failed
         # The step's trace events and counters now; the checkpoint goes with the finish.
         self.store.save(Step(self.guard.usage.to_dict(), self.guard.revision, tuple(self.events)))
         self.events = []
         self.store.finish(report, checkpoint=self._checkpoint())
         stored = redact(report.to_dict())
+        if report.reason is Reason.OPERATOR_STOP and not report.detail:
+            stored["detail"] = operator_stop_detail(self.task)  # as the stored report says
         return _answer(self.task, report.state, report.remaining, stored)
 
     def _answer(self, **fields: Any) -> dict[str, Any]:
         return _answer(self.task, self.task.state, self.guard.remaining(), None) | fields
+
+
+# The guard's refusals of a step out of order, as a client of the protocol reads them.
+_IN_PROTOCOL_WORDS = {
+    "each proposal needs its own before_model() first": (
+        "send a model step before each tools or finish step: every model call is allowed first"
+    ),
+    "before_tool() needs a fresh ticket from the current before_tools()": (
+        "a call step needs a ticket admitted by the current model call's tools step"
+    ),
+    "after_tool() needs a ticket that before_tool() let execute": (
+        "a result step needs a ticket whose call step answered execute or reuse"
+    ),
+}
+
+_RUNNING = ("executing", "reusing")
+"""A call's statuses while its client runs it (or reuses its stored result)."""
+
+
+def _found(raw: Any, ticket: Ticket) -> Settlement | None:
+    """A client's report of what its tool's trusted lookup found about an interrupted
+    write, or ``None`` (no lookup: the write is lost)."""
+    if raw is None:
+        return None
+    if ticket.call.effect != "write":
+        raise InvalidInput("lookup is for a write: an interrupted read is asked again")
+    if not isinstance(raw, Mapping) or set(raw) - {"committed", "result", "evidence"}:
+        raise InvalidInput('lookup is {"committed": true|false|null, "result"?, "evidence"}')
+    committed = raw.get("committed")
+    if committed not in (True, False, None):
+        raise InvalidInput("lookup.committed must be true, false or null (cannot tell)")
+    evidence = _text(raw.get("evidence"), "lookup.evidence")
+    if committed is not None and not evidence.strip():
+        raise InvalidInput("lookup.evidence must say what the lookup found")
+    result = None
+    if raw.get("result") is not None:
+        if committed is not True:
+            raise InvalidInput("lookup.result only goes with committed: true")
+        reported, error = _outcome(raw["result"], None)
+        if error is not None or not isinstance(reported, Result):
+            raise InvalidInput("lookup.result must be a result, {kind, data?}")
+        result = reported
+    return Settlement(committed, result, evidence[:500])
 
 
 class _OutOfOrder(Exception):

@@ -112,7 +112,16 @@ class DatabaseLedger:
     def mark_unknown(self, key: str, fingerprint: str) -> Entry:
         self._flush()
         with self._watch():
-            return self.store.settle(key, fingerprint, "lose")
+            try:
+                return self.store.settle(key, fingerprint, "lose")
+            except LedgerError:
+                # Lost already: recovery made it UNKNOWN when its driver's lease ran out,
+                # before the guard of the driver's successor settled the call as lost.
+                entry = self.store.get(key)
+                lost = entry is not None and entry.state is OperationState.UNKNOWN
+                if lost and entry is not None and entry.fingerprint == fingerprint:
+                    return entry
+                raise
 
     def resolve(
         self,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -33,6 +33,7 @@ from guard.steps import DIMENSIONS, OPERATION_MOVES
 from guard.steps import Operation as Entry
 
 from .models import (
+    CLIENT_LOST,
     RESTART_LOOP,
     RESUMABLE_STATES,
     TERMINAL_STATES,
@@ -74,6 +75,12 @@ TASK_MOVES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "requeue": (frozenset({TaskState.RUNNING}), frozenset({TaskState.QUEUED})),
     # A person rejects the call a stopped task waits for, and ends the task.
     "close": (frozenset({TaskState.NEEDS_HUMAN}), frozenset({TaskState.PARTIAL})),
+    # An attached task whose client did not come back in time (queued again after its
+    # lease lapsed, or running still when no sweep ran meanwhile) waits for a person.
+    "lose_client": (
+        frozenset({TaskState.QUEUED, TaskState.RUNNING}),
+        frozenset({TaskState.NEEDS_HUMAN}),
+    ),
 }
 """Every move a task may make: name -> (states it may leave, states it may reach)."""
 
@@ -226,9 +233,12 @@ def finish_task(
     From ``RUNNING`` it is ``finish`` (``owner``: only while that driver holds the lease),
     from ``QUEUED`` a ``hold`` (``NEEDS_HUMAN``) or a ``cancel``; a task held for a restart
     loop may be cancelled too, and one waiting for an approval is closed by its rejection.
+    A ``client_lost`` stop is ``lose_client``, from either.
     """
     seen = str(task.state)
-    if seen == TaskState.RUNNING:
+    if reason == CLIENT_LOST:
+        move = "lose_client"
+    elif seen == TaskState.RUNNING:
         move = "finish"
     elif reason == Reason.APPROVAL_REJECTED:
         move = "close"
@@ -328,6 +338,8 @@ def finish_drive(
     if task is None:
         raise LostRace(f"task {task_id} is no longer driven by this driver")
     stored = report.to_dict()
+    if report.reason is Reason.OPERATOR_STOP and not report.detail:
+        stored["detail"] = operator_stop_detail(task)
     if summary_due:
         stored["summary_due"] = True
     finish_task(
@@ -335,11 +347,21 @@ def finish_drive(
         report.state.value,
         report.reason.value,
         stored,
-        detail=report.detail,
+        detail=stored["detail"],
         counters=counters_of(usage or report.usage, report.revision),
         checkpoint=checkpoint,
         owner=owner,
     )
+
+
+def operator_stop_detail(task: Task) -> str:
+    """Who asked ``task`` to stop, and why, for its stop report (the guard only knows that
+    a stop was asked for)."""
+    who = task.stop_requested_by
+    if who is None:
+        return ""
+    note = task.stop_note.strip()
+    return f"stopped by {who.get_username()}" + (f": {note}" if note else "")
 
 
 def start_drive(task_id: int, owner: str, *, lease_seconds: float) -> Task | str:
@@ -391,20 +413,23 @@ def recover(task: Task, *, why: str) -> bool:
     """A driver of ``task`` is gone. Settle what it left behind; True if the task may go on.
 
     Its ``IN_FLIGHT`` operations are lost (``OPERATION_MOVES["lose"]``: ``UNKNOWN``): they
-    may or may not have happened and are never run again; the task then stops for a human.
+    may or may not have happened and are never run again; the task then stops for a human
+    (an attached task waits for its client first, which may settle them by a lookup).
     Call inside a transaction holding the task row.
     """
-    stranded = list(
-        Operation.objects.select_for_update()
-        .filter(task_id=task.id, state__in=[s.value for s in _LOSE_FROM if s is not None])
-        .order_by("id")
-    )
-    for op in stranded:
-        operation_move(op, "lose", task_id=task.id, evidence=f"recovery: {why}")
+    stranded = _lose_in_flight(task, why=why)
     task.recoveries += 1
     Task.objects.filter(id=task.id).update(recoveries=F("recoveries") + 1)
     logger.warning("task %s recovered (%s): %d write(s) now UNKNOWN", task.id, why, len(stranded))
-    if stranded:
+    # An attached task's client may come back and settle them with its tool's own lookup
+    # before anyone is paged (docs/protocol.md, "Coming back"): it waits for its client,
+    # QUEUED, until it returns or is given up on (client_lost), unless asked to stop.
+    waits_for_client = (
+        task.is_attached
+        and task.stop_requested_at is None
+        and task.recoveries <= settings.LOOPGUARD_MAX_RECOVERIES
+    )
+    if stranded and not waits_for_client:
         keys = ", ".join(op.key for op in stranded)
         detail = f"{why}; in flight when it stopped: {keys}"
         report = report_from_task(task, State.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT, detail)
@@ -422,17 +447,51 @@ def recover(task: Task, *, why: str) -> bool:
     return True
 
 
+def _lose_in_flight(task: Task, *, why: str) -> list[Operation]:
+    """The task's ``IN_FLIGHT`` operations, made ``UNKNOWN`` (``OPERATION_MOVES["lose"]``)
+    with ``why`` in their history: their driver is gone. Holding the task row."""
+    stranded = list(
+        Operation.objects.select_for_update()
+        .filter(task_id=task.id, state__in=[s.value for s in _LOSE_FROM if s is not None])
+        .order_by("id")
+    )
+    for op in stranded:
+        operation_move(op, "lose", task_id=task.id, evidence=f"recovery: {why}")
+    return stranded
+
+
 def requeue(task: Task) -> None:
     """``requeue``: a recovered task whose driver is gone goes back to the queue."""
-    _moved(
-        task.id,
-        "requeue",
-        TaskState.QUEUED,
-        seen=task.state,
-        lease_owner="",
-        lease_expires_at=None,
-        updated_at=timezone.now(),
+    # An attached task keeps its lapsed lease's expiry (its owner goes): it says since when
+    # the task has waited for its client, which its page shows and the client-lost rule
+    # measures from (``models.waiting_for_client``). Nothing takes an expired lease for a
+    # live one: a driver needs an owner and an expiry ahead.
+    fields: dict[str, Any] = {"lease_owner": "", "updated_at": timezone.now()}
+    if not task.is_attached:
+        fields["lease_expires_at"] = None
+    _moved(task.id, "requeue", TaskState.QUEUED, seen=task.state, **fields)
+
+
+def lose_client(task: Task) -> None:
+    """``lose_client``: an attached task whose client has not come back within
+    ``LOOPGUARD_ATTACHED_CLIENT_LOST_SECONDS`` of its lease lapsing stops
+    ``NEEDS_HUMAN``/``client_lost``, with a stop report of its own and a notice. A write it
+    left ``IN_FLIGHT`` (no sweep ran between the lapse and now) becomes ``UNKNOWN`` first,
+    as recovery makes it. Inside a transaction holding the task row."""
+    allowed = float(settings.LOOPGUARD_ATTACHED_CLIENT_LOST_SECONDS)
+    lapsed = task.lease_expires_at
+    when = "" if lapsed is None else f" at {lapsed.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+    detail = f"its client's lease lapsed{when} and it did not come back within {allowed:g} s"
+    stranded = _lose_in_flight(task, why="the client did not come back")
+    if stranded:
+        detail += "; in flight when it stopped: " + ", ".join(op.key for op in stranded)
+    report = report_from_task(task, State.NEEDS_HUMAN, CLIENT_LOST, detail).to_dict()
+    report["reason"] = CLIENT_LOST
+    report["resume_condition"] = (
+        "Reconcile any UNKNOWN write; approve resumption once its client (or a new process "
+        "of the same person, with the task id) is ready to go on."
     )
+    finish_task(task, State.NEEDS_HUMAN, CLIENT_LOST, report, detail=detail)
 
 
 def hold(task: Task, detail: str) -> None:
@@ -562,6 +621,7 @@ __all__ = [
     "finish_task",
     "hold",
     "limits_of",
+    "lose_client",
     "operation_move",
     "recover",
     "report_from_task",

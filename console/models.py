@@ -10,6 +10,7 @@ conditional updates.
 from __future__ import annotations
 
 import re
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -22,6 +23,9 @@ from guard import Reason as GuardReason
 from guard import State as GuardState
 
 RESTART_LOOP = "restart_loop"
+CLIENT_LOST = "client_lost"
+"""The console's reason for an attached task whose client did not come back within
+``LOOPGUARD_ATTACHED_CLIENT_LOST_SECONDS`` of its lease lapsing (not one of the guard's)."""
 APPROVAL_REQUIRED = GuardReason.APPROVAL_REQUIRED.value
 
 
@@ -39,7 +43,7 @@ TERMINAL_STATES = frozenset(s.value for s in GuardState)
 ACTIVE_STATES = frozenset({TaskState.QUEUED.value, TaskState.RUNNING.value})
 RESUMABLE_STATES = frozenset(TERMINAL_STATES - {TaskState.COMPLETED.value})
 """The states an approved resumption may open a new phase from: stopped short of the goal."""
-STOP_REASONS = (*(r.value for r in GuardReason), RESTART_LOOP)
+STOP_REASONS = (*(r.value for r in GuardReason), RESTART_LOOP, CLIENT_LOST)
 
 
 class OperationState(models.TextChoices):
@@ -81,6 +85,21 @@ _WORD = re.compile(r"[A-Za-z0-9_]*")
 
 def _in(field: str, values: Any) -> Q:
     return Q(**{f"{field}__one_of": sorted(values)})  # sorted: stable migrations
+
+
+def waiting_for_client(lapsed_before: datetime) -> Q:
+    """Attached tasks waiting for their client: not stopped, and the client's lease lapsed
+    before ``lapsed_before`` — running still (the sweep has not recovered it yet) or queued
+    again (it has: ``lifecycle.requeue`` keeps an attached task's lapsed expiry). The list's
+    filter asks with now, the sweep's client-lost rule with now less the time a client may
+    stay away; :attr:`Task.waiting_for_client_since` is the same rule for one task.
+
+    One arm per state, each served by its partial index (``task_running_lease``,
+    ``task_waiting_client``)."""
+    return ~Q(client="") & (
+        Q(state=TaskState.QUEUED, lease_expires_at__lt=lapsed_before)
+        | Q(state=TaskState.RUNNING, lease_expires_at__lt=lapsed_before)
+    )
 
 
 class Task(models.Model):
@@ -171,6 +190,13 @@ class Task(models.Model):
             models.Index(
                 fields=["lease_expires_at"], condition=Q(state="RUNNING"), name="task_running_lease"
             ),
+            # The sweep's client-lost rule and the list's "waiting for its client": attached
+            # tasks queued again after their client's lease lapsed (few, and rarely written).
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(state="QUEUED") & ~Q(client=""),
+                name="task_waiting_client",
+            ),
             # The task list's agent filter: the names attached clients gave their tasks.
             models.Index(fields=["agent"], condition=~Q(client=""), name="task_attached_agent"),
             # Restart-loop detection: the same agent and input inside a window.
@@ -188,6 +214,24 @@ class Task(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    @property
+    def waiting_for_client_since(self) -> datetime | None:
+        """When its client's lease lapsed, for an attached task that has not stopped and
+        whose client has not come back since; else ``None`` (:func:`waiting_for_client`)."""
+        expires = self.lease_expires_at
+        if not self.client or self.state not in ACTIVE_STATES or expires is None:
+            return None
+        return expires if expires < timezone.now() else None
+
+    @property
+    def client_lost_at(self) -> datetime | None:
+        """When the sweep stops it ``NEEDS_HUMAN``/``client_lost`` if its client is still
+        not back (while it waits for its client); else ``None``."""
+        since = self.waiting_for_client_since
+        if since is None:
+            return None
+        return since + timedelta(seconds=settings.LOOPGUARD_ATTACHED_CLIENT_LOST_SECONDS)
 
     @property
     def can_stop(self) -> bool:

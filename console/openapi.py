@@ -30,6 +30,7 @@ from django.urls.converters import IntConverter
 from . import serializers as s
 from .models import ApprovalState, TaskState
 from .roles import GRANTS, Capability
+from .selectors import WAITING
 from .serializers import ErrorCode, Schema
 
 OPENAPI_VERSION = "3.1.0"
@@ -87,6 +88,7 @@ HEADERS: Mapping[str, str] = {
     "Location": "the new task's URL in this API (an attached one's: where its steps go)",
     "WWW-Authenticate": 'the bearer challenge, with error="<code>" when a token was sent',
     "Allow": "the methods this path answers",
+    "Retry-After": "seconds to wait before sending the same request again",
 }
 
 PATH_PARAMETERS: Mapping[str, str] = {
@@ -98,10 +100,11 @@ PATH_PARAMETERS: Mapping[str, str] = {
     ),
 }
 
-# Every call can fail these ways: authentication, permission, our own failure.
+# Every call can fail these ways: authentication, permission, our own failure, the
+# database out of reach.
 ANY_CALL = (
     ErrorCode.TOKEN_REQUIRED, ErrorCode.INVALID_REQUEST, ErrorCode.INVALID_TOKEN,
-    ErrorCode.PERMISSION_DENIED, ErrorCode.INTERNAL_ERROR,
+    ErrorCode.PERMISSION_DENIED, ErrorCode.INTERNAL_ERROR, ErrorCode.DATABASE_UNAVAILABLE,
 )
 # ...and a call with a body these ways too.
 ANY_BODY = (ErrorCode.INVALID_BODY, ErrorCode.INVALID_INPUT, ErrorCode.BODY_TOO_LARGE)
@@ -125,6 +128,11 @@ ENTRIES: Mapping[tuple[str, str], Entry] = {
             Query("since", TIME_FILTER, "only tasks started at or after (console time zone)"),
             Query("until", TIME_FILTER, "only tasks started before (console time zone)"),
             Query("q", s.STRING, "a task id (17 or #17) or an operation key of the task"),
+            Query(
+                "waiting", s.one_of(WAITING),
+                "client: only attached tasks waiting for their client (its lease lapsed, the "
+                "task not stopped)",
+            ),
             Query("page", {"type": "integer", "minimum": 1}, "the page, from 1"),
         ),
     ),
@@ -393,7 +401,7 @@ def _operation(
         responses[str(answer.status)] = _answer(answer.description, schema, answer.headers)
     codes = (*ANY_CALL, *(ANY_BODY if post else ()), *entry.errors)
     for status, group in _by_status(codes).items():
-        headers = ("WWW-Authenticate",) if status == 401 else ()
+        headers = {401: ("WWW-Authenticate",), 503: ("Retry-After",)}.get(status, ())
         responses[str(status)] = _error_answer(group, headers=headers)
     operation["responses"] = dict(sorted(responses.items()))
     return operation

@@ -1,6 +1,8 @@
 """Who may do what: roles are Django groups, checked on the server for every action.
 
 Any role may read. Each action needs its own role; ``admin`` (and superusers) hold all.
+Driving an attached task is checked per object too: only the person whose token started it
+may send its steps (``console.attached.attached_step``), whatever their roles.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class Capability(StrEnum):
     NOTIFY = "notify"
     """Manage where notices go: a channel's URL receives what the console knows (admins)."""
     DRIVE = "drive"
-    """Create attached tasks and drive them step by step (docs/protocol.md)."""
+    """Create attached tasks and drive the ones its person started, step by step
+    (docs/protocol.md, "Who may do what")."""
 
 
 GRANTS: dict[Role, frozenset[Capability]] = {

@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import Enum
 from functools import partial
 from typing import Any
@@ -46,7 +46,7 @@ from .ledger import DatabaseLedger
 from .lifecycle import limits_of, recover, usage_of
 from .logs import task_context
 from .models import Approval as ApprovalRow
-from .models import ApprovalState, Decision, EventKind, Task, TaskState
+from .models import ApprovalState, Decision, EventKind, Task, TaskState, waiting_for_client
 from .redaction import preview
 from .spend import money, price_of
 from .store import LeaseLost, Record, Saved, Step, StepStore, open_store
@@ -74,10 +74,13 @@ def sweep(enqueue: Callable[[int], None]) -> dict[str, int]:
     Run periodically (Celery beat). Safe to run on several machines at once: each task is
     handled under its row lock, skipping rows another sweep or driver holds. An attached
     task whose client's lease ran out is recovered the same way (its ``IN_FLIGHT`` writes
-    become ``UNKNOWN``), but never enqueued: it waits for its client.
+    become ``UNKNOWN``), but never enqueued: it waits for its client, for
+    ``LOOPGUARD_ATTACHED_CLIENT_LOST_SECONDS``, then stops ``NEEDS_HUMAN``/``client_lost``.
     """
     now = timezone.now()
-    counts = {"recovered": 0, "resumed": 0, "requeued": 0}
+    # First: a running task whose client has been gone that long (no sweep ran since its
+    # lease lapsed) stops for a person rather than going back to wait again.
+    counts = {"client_lost": _lose_clients(now), "recovered": 0, "resumed": 0, "requeued": 0}
     expired = Task.objects.filter(state=TaskState.RUNNING, lease_expires_at__lt=now)
     for task_id in expired.values_list("id", flat=True)[:500]:
         with task_context(task_id), transaction.atomic():
@@ -105,6 +108,29 @@ def sweep(enqueue: Callable[[int], None]) -> dict[str, int]:
         enqueue(task_id)
         counts["requeued"] += 1
     return counts
+
+
+def _lose_clients(now: datetime) -> int:
+    """Stop each attached task whose client's lease lapsed longer ago than a client may
+    stay away (``lifecycle.lose_client``); returns how many. A task someone asked to stop
+    is left to recovery, which ends it as they asked."""
+    allowed = timedelta(seconds=settings.LOOPGUARD_ATTACHED_CLIENT_LOST_SECONDS)
+    gone = Task.objects.filter(waiting_for_client(now - allowed), stop_requested_at=None)
+    lost = 0
+    for task_id in gone.values_list("id", flat=True)[:500]:
+        with task_context(task_id), transaction.atomic():
+            # Asked again under the row lock: a client that came back meanwhile holds the
+            # row (skipped) or has renewed its lease (no longer matches).
+            task = (
+                Task.objects.select_for_update(skip_locked=True)
+                .filter(waiting_for_client(now - allowed), id=task_id, stop_requested_at=None)
+                .first()
+            )
+            if task is None:
+                continue
+            lifecycle.lose_client(task)
+            lost += 1
+    return lost
 
 
 # -- the driver ------------------------------------------------------------------------------
@@ -543,7 +569,8 @@ class _Driver:
         if self.ledger.unavailable is not None:
             # A step failed on the database: that is no verdict on the task. Record nothing;
             # recovery settles what was in flight and resumes from the last checkpoint.
-            raise DatabaseError(f"the ledger failed ({self.ledger.unavailable}); left to recovery")
+            failed = self.ledger.unavailable
+            raise DatabaseError(f"the ledger failed ({failed}); left to recovery") from failed
         if report.reason is Reason.OPERATOR_STOP and not self.store.stop_requested():
             # The guard stopped because the stop fact could not be read, not because an
             # operator asked: record nothing and let recovery resume the task.

@@ -55,6 +55,7 @@ from .models import (
     Task,
     TaskState,
     TraceEvent,
+    waiting_for_client,
 )
 from .spend import money
 
@@ -298,6 +299,10 @@ class _Filters:
         return qs
 
 
+WAITING = ("client",)
+"""What the task list's ``waiting`` filter may wait for."""
+
+
 @dataclass(frozen=True)
 class TaskFilters(_Filters):
     """The task list's filters."""
@@ -314,6 +319,9 @@ class TaskFilters(_Filters):
     agent: str = ""
     q: str = ""
     """A task id, or the key of one of its operations."""
+    waiting: str = ""
+    """``client``: only attached tasks waiting for their client (its lease lapsed, the task
+    not stopped: ``models.waiting_for_client``)."""
 
     @classmethod
     def _read(cls, query: Mapping[str, str], errors: dict[str, str]) -> dict[str, Any]:
@@ -324,10 +332,12 @@ class TaskFilters(_Filters):
             "reason": _one_of(query, "reason", STOP_REASONS, errors, word="stop reason"),
             "agent": _one_of(query, "agent", _agents_for(query), errors),
             "q": query.get("q", "").strip()[:200],
+            "waiting": _one_of(query, "waiting", WAITING, errors, word="waiting filter"),
         }
 
     def as_query(self) -> dict[str, str]:
-        return {**super().as_query(), **({"q": self.q} if self.q else {})}
+        extra = {name: value for name in ("q", "waiting") if (value := getattr(self, name))}
+        return {**super().as_query(), **extra}
 
 
 def _agents_for(query: Mapping[str, str]) -> Collection[str]:
@@ -406,6 +416,8 @@ def tasks(filters: TaskFilters) -> QuerySet[Task]:
         if re.fullmatch(r"\d{1,18}", term):
             match |= Q(id=int(term))
         qs = qs.filter(match)
+    if filters.waiting:
+        qs = qs.filter(waiting_for_client(timezone.now()))
     return qs.order_by("-created_at", "-id")
 
 

@@ -301,6 +301,7 @@ class ErrorCode(StrEnum):
     REFUSED = "refused"
     BODY_TOO_LARGE = "body_too_large"
     INTERNAL_ERROR = "internal_error"
+    DATABASE_UNAVAILABLE = "database_unavailable"
     # The step protocol's own (docs/protocol.md).
     UNSUPPORTED_PROTOCOL = "unsupported_protocol"
     NOT_ATTACHED = "not_attached"
@@ -349,6 +350,12 @@ _ERRORS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.REFUSED: (409, "the action is not allowed now; the message says why"),
     ErrorCode.BODY_TOO_LARGE: (413, "the body is larger than 1 MiB"),
     ErrorCode.INTERNAL_ERROR: (500, "the console failed; the details are in its log"),
+    ErrorCode.DATABASE_UNAVAILABLE: (
+        503, "the console's database could not be reached, or the connection to it was lost "
+        "during the request (a restart, a failover), so a change may or may not have been "
+        "made: send the same request again after `Retry-After` seconds (a step with the same "
+        "`request_id`, which the console never carries out twice)",
+    ),
     ErrorCode.UNSUPPORTED_PROTOCOL: (
         400, "protocol is missing or not a version this console speaks",
     ),
@@ -726,6 +733,11 @@ STEP = Body("Step", "One step of an attached task (docs/protocol.md: each step's
     any_input("result", "result: what the tool returned, {kind, data?, wait_ms?, attempts?}"),
     any_input("error", "result: what the tool raised instead, {type, message, transient}"),
     any_input(
+        "lookup", "result, for a call a lost client left running (interrupted): what the "
+        "tool's trusted lookup by operation key found, {committed: true|false|null, result?, "
+        "evidence}",
+    ),
+    any_input(
         "evidence", "result, finish: the client's inspector's word, {revision, done, committed}"
     ),
     any_input(
@@ -756,6 +768,11 @@ ATTACHED = Shape("AttachedTask", "An attached task as its start left it.", (
     *_STEP_COMMON,
     _member("lease_seconds", {"type": "number"}, "how long each step's lease lasts", required=True),
     _member("url", STRING, "the task's page on the console", required=True),
+    _member(
+        "attach", BOOLEAN,
+        "true when this start was made before by another lease (a new process asking again "
+        "with the same request_id): the task exists; take it over with a heartbeat step",
+    ),
 ))
 
 STEP_ANSWER = Shape("StepAnswer", "What one step decided (docs/protocol.md).", (
@@ -774,4 +791,10 @@ STEP_ANSWER = Shape("StepAnswer", "What one step decided (docs/protocol.md).", (
     _member("wait_ms", {"type": "number"}, "wait: milliseconds to wait before the next model call"),
     _member("stop_requested", BOOLEAN, "heartbeat: an operator asked the task to stop"),
     _member("lease_seconds", {"type": "number"}, "heartbeat: how long the lease now lasts"),
+    _member(
+        "interrupted", {"type": "array", "items": OBJECT},
+        "heartbeat, after another client (or this one, once its lease ran out) left calls "
+        "running: each call's ticket, tool, effect, operation_key and status, to report with a "
+        "result step (a lookup's answer for a write, or nothing: lost)",
+    ),
 ))

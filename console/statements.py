@@ -75,6 +75,11 @@ def _cursor() -> CursorWrapper:
     db = connections[DEFAULT_DB_ALIAS]  # the thread's wrapper, looked up once
     if db.vendor != "postgresql" or not settings.LOOPGUARD_PREPARED_STATEMENTS:
         return db.cursor()
+    # As Django's own cursors do (CONN_HEALTH_CHECKS): a kept connection the database
+    # dropped while it was idle (a restart, pg_terminate_backend) is found dead here, once
+    # per request, and replaced before anything is sent on it. Every API request's first
+    # statement (the token's) comes this way with DEBUG's query log on.
+    db.close_if_health_check_failed()
     if db.connection is None:
         db.ensure_connection()
     db.validate_thread_sharing()

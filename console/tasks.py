@@ -25,7 +25,8 @@ def run_task(task_id: int) -> str:
 
 @shared_task(name="console.tasks.sweep")  # type: ignore[untyped-decorator]
 def sweep() -> dict[str, int]:
-    """Recover tasks whose driver died; re-enqueue queued tasks whose message was lost."""
+    """Recover tasks whose driver died; re-enqueue queued tasks whose message was lost; stop
+    attached tasks whose client never came back (``client_lost``)."""
     close_old_connections()
     counts = runner.sweep(enqueue=run_task.delay)
     if any(counts.values()):

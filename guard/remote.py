@@ -23,7 +23,8 @@ What it promises:
 - **Retries are the same request.** A connection error, a timeout, a 5xx or a 429 is retried
   ``retries`` times (backoff 0.1 s, 0.3 s, 0.9 s, … at most 2 s) with the same body and the
   same ``request_id``: the console answers a request it has already seen with its stored
-  answer and never claims twice. A step the caller asks again after
+  answer and never claims twice. A 503 or 429 with ``Retry-After`` (seconds) waits that long
+  instead, never less than the backoff, at most 30 s. A step the caller asks again after
   :exc:`ConsoleUnreachable`, with the same content, is sent with that request id too.
 - **One connection.** Requests go over one kept-alive connection (HTTP/1.1); one the
   console closed while idle is opened again and the request sent once more, with its own
@@ -41,10 +42,15 @@ What it promises:
 - **Terminal is sticky.** Once an answer carries the stop report, every step returns it
   without asking the console again.
 
+- **It comes back.** :meth:`RemoteGuard.attach` (or :meth:`RemoteGuard.start` with the
+  same ``start_id``) from a new process takes the task over after its predecessor died at
+  any step: it waits out the dead lease, then reports the calls left running — a write
+  with what ``lookups[tool]`` (the tool's trusted lookup) finds, which settles it.
+
 What protocol 1 does not offer, and so this client does not either: approval before a call
-(a hosted tool's ``approval=``); a tool's trusted ``lookup``, which runs in the local guard
-only (``before_tool``/``after_tool`` accept ``lookup=`` and ignore it: the console's
-reconcilers check the business system); the summary turn; ``checkpoint``/``restore`` (a
+(a hosted tool's ``approval=``); a tool's ``lookup`` on its own calls (``before_tool``/
+``after_tool`` accept ``lookup=`` and ignore it: a lookup is asked only about a write a
+lost predecessor left running, above); the summary turn; ``checkpoint``/``restore`` (a
 new process continues a task with :meth:`RemoteGuard.attach`); and an in-process
 ``cancel`` (an operator presses Stop on the console).
 """
@@ -73,8 +79,20 @@ from ._checks import amount, as_calls, describe, evidence_problem, plain, safe_r
 from ._driver import Inspect
 from ._fingerprint import canonical_json
 from ._report import Report
+from ._settlement import Lookup
 from ._ticket import Action, Decision, Status, Ticket, execute, reuse
-from ._values import Call, Effect, Finish, Limits, Nudge, Reason, Result, State, _json_ready
+from ._values import (
+    Call,
+    Effect,
+    Finish,
+    Limits,
+    Nudge,
+    Reason,
+    Result,
+    Settlement,
+    State,
+    _json_ready,
+)
 
 if TYPE_CHECKING:
     from ._protocol import StepGuard
@@ -91,6 +109,12 @@ DEFAULT_CLIENT = "guard.remote/1"
 """What the console shows as the task's client when ``start`` is not told."""
 
 _LEASE_SECONDS = 60.0  # when an answer does not say (a heartbeat's need not)
+# attach/start waiting out a predecessor's lease: in all (a lease and a bit), and per try.
+_WAIT_SECONDS = 90.0
+_LEASE_POLL_SECONDS, _LEASE_POLL_MAX = 2.0, 15.0
+# Leases of the starts this process made, by start id: asking again is the same start.
+_STARTED: dict[str, str] = {}
+_STARTED_KEPT = 1024
 _BACKOFF_FIRST, _BACKOFF_FACTOR, _BACKOFF_MAX = 0.1, 3.0, 2.0
 _TEXT_LIMIT = 2000  # an error's message, a wrong return value's repr
 _REASONS = frozenset(Reason)
@@ -114,6 +138,8 @@ class ConsoleUnreachable(RuntimeError):
         self.url = url
         self.cause = cause
         self.attempts = attempts
+        self.start_id: str | None = None
+        """For a start: its request id, to ask again with (``RemoteGuard.start(start_id=)``)."""
 
 
 class ProtocolError(RuntimeError):
@@ -125,7 +151,8 @@ class ProtocolError(RuntimeError):
     has the code ``invalid_answer``. A refusal changes nothing on the console.
 
     A task the console stopped for a reason of its own, outside the guard's words (a goal
-    started too often and held before it runs, ``NEEDS_HUMAN``/``restart_loop``), has no
+    started too often and held before it runs, ``NEEDS_HUMAN``/``restart_loop``; a client
+    that did not come back in time, ``NEEDS_HUMAN``/``client_lost``), has no
     guard report to hand back: ``start``/``attach`` raise this with that reason as the
     ``code``, the stop's ``detail`` as the ``message`` and the console's whole ``answer``
     (the task id, the stop as JSON). Nothing may run for such a task.
@@ -138,6 +165,7 @@ class ProtocolError(RuntimeError):
         message: str,
         url: str = "",
         answer: Mapping[str, Any] | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(f"{status} {code}: {message}" + (f" ({url})" if url else ""))
         self.status = status
@@ -145,6 +173,8 @@ class ProtocolError(RuntimeError):
         self.message = message
         self.url = url
         self.answer = answer
+        self.retry_after = retry_after
+        """For ``lease_held``: the seconds the holder's lease has left, when the console said."""
 
 
 class _Lost(Exception):
@@ -167,7 +197,16 @@ class _Transport:
     ``http_proxy``, ``no_proxy``, as ``urllib`` reads them) is used as ``urllib`` would:
     a tunnel for https, the whole URL for http. A redirect is answered as what it is: a
     POST is not replayed elsewhere (nor its bearer token sent there).
+
+    A 503 or a 429 that says how long to wait (``Retry-After`` in seconds: a database
+    restarting, a throttle) is waited for before the next attempt, never less than the
+    backoff and at most :attr:`RETRY_AFTER_MAX`; a date in it, or anything else, leaves the
+    backoff as it is.
     """
+
+    RETRY_AFTER_MAX = 30.0
+    """The longest a ``Retry-After`` is waited for: a console that asks for more is asked
+    again after this, so that one request never waits more than ``retries`` times it."""
 
     def __init__(
         self,
@@ -210,8 +249,7 @@ class _Transport:
         cause: BaseException | None = None
         for attempt in range(tries + 1):
             if attempt:
-                delay = _BACKOFF_FIRST * _BACKOFF_FACTOR ** (attempt - 1)
-                self._sleep(round(min(delay, _BACKOFF_MAX), 3))
+                self._sleep(self._pause(attempt, cause))
             try:
                 return self._once(path, data)
             except _Lost as lost:
@@ -219,6 +257,15 @@ class _Transport:
                 log.debug("no answer from %s (attempt %d): %s", url, attempt + 1, lost)
         assert cause is not None  # noqa: S101 - the loop ran at least once
         raise ConsoleUnreachable(url, cause, tries + 1) from cause
+
+    @classmethod
+    def _pause(cls, attempt: int, cause: BaseException | None) -> float:
+        """Seconds to wait before retry ``attempt`` (from 1): the backoff, or what the last
+        answer asked for when that is longer."""
+        delay = min(_BACKOFF_FIRST * _BACKOFF_FACTOR ** (attempt - 1), _BACKOFF_MAX)
+        if isinstance(cause, _Answered) and cause.retry_after is not None:
+            delay = max(delay, min(cause.retry_after, cls.RETRY_AFTER_MAX))
+        return round(delay, 3)
 
     def close(self) -> None:
         """Close the kept connection (the next request opens another)."""
@@ -228,15 +275,22 @@ class _Transport:
     def _once(self, path: str, data: bytes) -> Any:
         with self._lock:
             try:
-                status, raw = self._exchange(path, data)
+                status, raw, retry_after = self._exchange(path, data)
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
                 # A kept connection the console closed while it was idle: once more, anew.
-                status, raw = self._exchange(path, data)
+                status, raw, retry_after = self._exchange(path, data)
         url = self.base_url + path
         if status == 429 or status >= 500:
-            raise _Lost(_Answered(status, raw, url))
+            # Retry-After is the console's word on when to ask again only with these two
+            # (RFC 9110 15.6.4, RFC 6585): another 5xx's is not taken.
+            wait = _Answered.seconds(retry_after) if status in (429, 503) else None
+            raise _Lost(_Answered(status, raw, url, retry_after=wait))
         if not 200 <= status < 300:
-            raise _refusal(status, raw, url)
+            refusal = _refusal(status, raw, url)
+            # A refusal may say when it would not be one (a 409 lease_held: when the lease
+            # runs out); it is still not retried here.
+            refusal.retry_after = _Answered.seconds(retry_after)
+            raise refusal
         try:
             answer = json.loads(raw)
         except ValueError as exc:  # cut short or garbled on the way: ask again
@@ -245,10 +299,10 @@ class _Transport:
             raise _Lost(ValueError(f"the answer is {type(answer).__name__}, not an object"))
         return answer
 
-    def _exchange(self, path: str, data: bytes) -> tuple[int, bytes]:
-        """Send one request and read its whole answer: the status and the body. A failure
-        on a connection that had carried a request before is raised as it is (the caller
-        may try a new one); any other is :class:`_Lost`."""
+    def _exchange(self, path: str, data: bytes) -> tuple[int, bytes, str | None]:
+        """Send one request and read its whole answer: the status, the body and its
+        ``Retry-After``. A failure on a connection that had carried a request before is
+        raised as it is (the caller may try a new one); any other is :class:`_Lost`."""
         connection = self._connection
         if connection is None:
             connection = self._connection = self._connect()
@@ -278,7 +332,7 @@ class _Transport:
         self._used = True
         if response.will_close:
             self._drop()
-        return response.status, raw
+        return response.status, raw, response.getheader("Retry-After")
 
     def _connect(self) -> http.client.HTTPConnection:
         proxy = self._proxy
@@ -301,12 +355,28 @@ class _Transport:
 
 
 class _Answered(Exception):
-    """An answer that says to ask again (a 5xx, a 429)."""
+    """An answer that says to ask again (a 5xx, a 429), and after how many seconds when it
+    said so (``retry_after``)."""
 
-    def __init__(self, status: int, body: bytes, url: str) -> None:
+    def __init__(
+        self, status: int, body: bytes, url: str, *, retry_after: float | None = None
+    ) -> None:
         super().__init__(f"HTTP Error {status}: {_reason(status)} ({url})")
         self.status = status
         self.body = body
+        self.retry_after = retry_after
+
+    @staticmethod
+    def seconds(header: str | None) -> float | None:
+        """A ``Retry-After`` of delay-seconds as a number; None for none, for an HTTP-date
+        (which would need the wall clock) and for anything that is not a finite number ≥ 0."""
+        if header is None:
+            return None
+        try:
+            value = float(header.strip())
+        except ValueError:
+            return None
+        return value if math.isfinite(value) and value >= 0 else None
 
 
 def _reason(status: int) -> str:
@@ -467,6 +537,8 @@ class RemoteGuard:
         # A one-call proposal's entry, decided with its admission (``before_tools(enter=)``).
         self._entered: Mapping[str, Any] | None = None
         self._unanswered: tuple[str, dict[str, Any]] | None = None
+        self._lookups: dict[str, Lookup] = {}
+        self._sleep = sleep
 
     # -- making one ------------------------------------------------------------------------
 
@@ -482,6 +554,9 @@ class RemoteGuard:
         input: Mapping[str, Any] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         reason: str = "",
+        start_id: str | None = None,
+        lookups: Mapping[str, Lookup] | None = None,
+        wait: float = _WAIT_SECONDS,
         timeout: float = 10.0,
         retries: int = 3,
         sleep: Callable[[float], None] = time.sleep,
@@ -498,15 +573,32 @@ class RemoteGuard:
         ``retries`` how many more attempts a request without an answer gets; ``sleep``
         waits between them. ``heartbeat=False`` sends no heartbeats.
 
+        ``start_id`` names this start (1-100 printable ASCII characters; a job's id, say):
+        the console makes at most one task per start id and person, so a start asked again
+        with it — after :exc:`ConsoleUnreachable`, or by a new process that never saw the
+        answer — finds the task instead of making a second one, and takes it over as
+        :meth:`attach` does (``lookups`` and ``wait`` are :meth:`attach`'s). Without it a
+        new id is made; :exc:`ConsoleUnreachable` then carries it as ``start_id``, to ask
+        again with.
+
         A goal started too often is held before it runs: the guard is then stopped at once
         (:attr:`report`, ``NEEDS_HUMAN``/``restart_loop``).
         """
+        if start_id is not None and not _printable_id(start_id):
+            raise ValueError(f"start_id must be 1-100 printable ASCII characters, got {start_id!r}")
+        request_id = start_id or uuid.uuid4().hex
         guard = cls(
             url, token=token, timeout=timeout, retries=retries, sleep=sleep, heartbeat=heartbeat
         )
+        # The same process asking again sends the very same start (its lease included): the
+        # console answers it as the first; a new process has a lease of its own (below).
+        guard.lease = _STARTED.setdefault(request_id, guard.lease)
+        while len(_STARTED) > _STARTED_KEPT:  # the oldest first: dicts keep their order
+            del _STARTED[next(iter(_STARTED))]
+        guard._lookups = dict(lookups or {})
         body: dict[str, Any] = {
             "protocol": PROTOCOL,
-            "request_id": uuid.uuid4().hex,
+            "request_id": request_id,
             "lease": guard.lease,
             "agent": agent,
             "client": client,
@@ -518,7 +610,17 @@ class RemoteGuard:
             body["limits"] = _limits(limits)
         if reason:
             body["reason"] = reason
-        guard._opened(guard._transport.post("/api/attached", body))
+        try:
+            answer = guard._transport.post("/api/attached", body)
+        except ConsoleUnreachable as exc:
+            exc.start_id = request_id
+            raise
+        if answer.get("attach") is True:
+            # Made before, by a start whose answer this process never had: take it over.
+            guard.task = _task_id(answer.get("task"))
+            _take_over(guard, wait)
+            return guard
+        guard._opened(answer)
         return guard
 
     @classmethod
@@ -528,30 +630,33 @@ class RemoteGuard:
         *,
         token: str,
         task: int,
+        lookups: Mapping[str, Lookup] | None = None,
+        wait: float = _WAIT_SECONDS,
         timeout: float = 10.0,
         retries: int = 3,
         sleep: Callable[[float], None] = time.sleep,
         heartbeat: bool = True,
     ) -> RemoteGuard:
         """Drive an existing attached task ``task`` from here, with a new lease: after an
-        approved resumption, or from a new process. Its first request is a ``heartbeat``,
-        which takes the task's lease (a 409 ``lease_held`` while another client's lease is
-        alive); the options are :meth:`start`'s."""
-        if not isinstance(task, int) or isinstance(task, bool) or task < 1:
-            raise ValueError(f"task must be a task id, got {task!r}")
+        approved resumption, or from a new process after its predecessor died (at any step).
+
+        Its first request is a ``heartbeat``, which takes the task's lease. While a
+        predecessor's lease is alive (it may still be running) the console answers
+        ``lease_held`` with the seconds it has left: this waits them out, up to ``wait``
+        seconds in all, then raises :exc:`ProtocolError` (``lease_held``). The calls the
+        predecessor left running are then reported as interrupted, before anything else:
+        a read may be asked for again; a write is looked up with ``lookups[tool]`` (the
+        tool's trusted lookup by operation key, returning a :class:`~guard.Settlement`),
+        which settles it through the console (audited as an automatic settle) — committed,
+        the task goes on; not committed, it may be claimed again — and without a lookup,
+        or when it cannot tell, the write is ``UNKNOWN`` and the task stops for a person.
+        The other options are :meth:`start`'s."""
         guard = cls(
             url, token=token, timeout=timeout, retries=retries, sleep=sleep, heartbeat=heartbeat
         )
-        guard.task = task
-        body = {
-            "protocol": PROTOCOL,
-            "request_id": uuid.uuid4().hex,
-            "lease": guard.lease,
-            "step": "heartbeat",
-        }
-        answer = guard._transport.post(guard._steps_path, body)
-        guard._stop_requested = answer.get("stop_requested") is True
-        guard._opened(answer)
+        guard.task = _task_id(task, given=True)
+        guard._lookups = dict(lookups or {})
+        _take_over(guard, wait)
         return guard
 
     # -- state -----------------------------------------------------------------------------
@@ -991,6 +1096,83 @@ class RemoteGuard:
                 self._take(answer)
             elif answer.get("stop") is not None and self._report is None:
                 self._take({"stop": answer["stop"]})  # the stop is news however late
+
+
+def _printable_id(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= 100 and value.isascii() and (
+        value.isprintable() and not value.isspace()
+    )
+
+
+def _task_id(raw: Any, *, given: bool = False) -> int:
+    if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
+        if given:
+            raise ValueError(f"task must be a task id, got {raw!r}")
+        raise _invalid(f"the task is {raw!r}")
+    return raw
+
+
+def _take_over(guard: RemoteGuard, wait: float) -> None:
+    """Take the task's lease with a heartbeat (waiting out a live predecessor's, up to
+    ``wait`` seconds), then report what the predecessor left running."""
+    waited = 0.0  # counted from the pauses, so that an injected sleep bounds it too
+    while True:
+        body = {
+            "protocol": PROTOCOL,
+            "request_id": uuid.uuid4().hex,
+            "lease": guard.lease,
+            "step": "heartbeat",
+        }
+        try:
+            answer = guard._transport.post(guard._steps_path, body)
+            break
+        except ProtocolError as exc:
+            left = wait - waited
+            if exc.code != "lease_held" or left <= 0:
+                raise
+            pause = exc.retry_after if exc.retry_after is not None else _LEASE_POLL_SECONDS
+            pause = max(0.05, min(pause, left, _LEASE_POLL_MAX))
+            log.info("task %s: another lease is alive; waiting %.1f s", guard.task, pause)
+            guard._sleep(pause)
+            waited += pause
+    guard._stop_requested = answer.get("stop_requested") is True
+    interrupted = answer.get("interrupted") or []
+    guard._opened(answer)
+    for raw in interrupted:
+        if guard._report is not None:
+            break
+        _report_interrupted(guard, raw)
+
+
+def _report_interrupted(guard: RemoteGuard, raw: Any) -> None:
+    """One call a lost predecessor left running, reported with a ``result`` step: nothing
+    for a read or a reuse (the console treats it as interrupted), and for a write what the
+    tool's lookup found (nothing without one: it stays ``UNKNOWN``)."""
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("ticket"), int):
+        raise _invalid(f"an interrupted call without its ticket: {raw!r}")
+    fields: dict[str, Any] = {"ticket": raw["ticket"]}
+    lookup = guard._lookups.get(str(raw.get("tool")))
+    key = raw.get("operation_key")
+    if raw.get("effect") == "write" and raw.get("status") == "executing" and lookup and key:
+        fields["lookup"] = _looked_up(lookup, str(key))
+    with guard._lock:
+        guard._step("result", fields)
+
+
+def _looked_up(lookup: Lookup, key: str) -> dict[str, Any]:
+    """What a trusted lookup says about ``key``, as the protocol carries it; a lookup that
+    fails or answers something else cannot tell."""
+    try:
+        found = lookup(key)
+    except Exception as exc:  # a failing lookup settles nothing
+        return {"committed": None, "evidence": f"the lookup failed: {_message(exc)}"}
+    if not isinstance(found, Settlement) or found.committed not in (True, False, None):
+        return {"committed": None, "evidence": f"the lookup answered {_repr(found)}"}
+    said: dict[str, Any] = {"committed": found.committed}
+    said["evidence"] = (found.evidence or "the tool's lookup by operation key")[:_TEXT_LIMIT]
+    if found.committed is True and found.result is not None:
+        said["result"] = _json_ready(found.result.to_dict())
+    return said
 
 
 def _ticket(raw: Any, calls: list[Call]) -> Ticket:

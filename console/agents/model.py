@@ -13,7 +13,7 @@ never the model's word.
 
 Any server speaking that API works (OpenAI, Azure OpenAI's compatible endpoint, vLLM,
 Ollama, LiteLLM). The official ``openai`` package talks to it, from the ``model`` extra
-(``pip install 'loopguard[model]'``); without it a model agent refuses to start, saying so.
+(``pip install 'loopguard-console[model]'``); without it a model agent refuses to start, saying so.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from .base import Agent
 MAX_REPLY_BYTES = 2 * 1024 * 1024  # a chat completion is a few KiB; anything this big is wrong
 _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 NEEDS_OPENAI = (
-    "a model agent needs the openai package, which is not installed: pip install 'loopguard[model]'"
+    "a model agent needs the openai package, which is not installed: "
+    "pip install 'loopguard-console[model]'"
 )
 # openai refuses to build a client without a key (or reads OPENAI_API_KEY, meant for another
 # server); with none configured, _ask() omits the Authorization header, so this is never sent.

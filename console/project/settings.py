@@ -175,6 +175,8 @@ CSRF_FAILURE_VIEW = "console.project.pages.csrf_failure"
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Outside everything that may read the database (the session, the sign-in check).
+    "console.project.pages.DatabaseUnavailable",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -401,6 +403,11 @@ LOOPGUARD_LEASE_SECONDS = env_float("LOOPGUARD_LEASE_SECONDS", 30.0)
 # client's heartbeat every third of it while a tool runs. Longer than a worker's: it
 # travels over HTTP, through the client's own network.
 LOOPGUARD_ATTACHED_LEASE_SECONDS = env_float("LOOPGUARD_ATTACHED_LEASE_SECONDS", 60.0)
+# How long after its client's lease lapsed an attached task waits for the client to come
+# back (a crashed process restarted, a laptop woken) before the sweep stops it for a person
+# (NEEDS_HUMAN/client_lost): without it, a client that never returns leaves the task
+# queued for ever.
+LOOPGUARD_ATTACHED_CLIENT_LOST_SECONDS = env_float("LOOPGUARD_ATTACHED_CLIENT_LOST_SECONDS", 3600.0)
 # How often Celery beat looks for tasks whose driver's lease expired.
 LOOPGUARD_SWEEP_SECONDS = env_float("LOOPGUARD_SWEEP_SECONDS", 10.0)
 LOOPGUARD_REQUEUE_AFTER_SECONDS = env_float("LOOPGUARD_REQUEUE_AFTER_SECONDS", 120.0)

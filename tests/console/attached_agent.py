@@ -1,10 +1,12 @@
 """An attached agent process for the live tests: a plain loop over ``guard.remote``.
 
 Run as ``python -m tests.console.attached_agent <scenario> --url … --token … --record FILE``
-(``--task N`` continues a task instead of starting one). Its one tool, ``notify``, is a
-write whose business system has no idempotency of its own: each execution appends one line
-to ``--record`` (the notices "sent"), so a duplicate would show as a second line. Only the
-guard's ledger stands between a retry and a second notice.
+(``--task N`` continues a task instead of starting one; ``--lookup`` then gives ``notify``
+its trusted lookup, which reads the record, for a write its predecessor left running;
+``--die-after STEP`` ends the process right after that step's answer, without a word). Its
+one tool, ``notify``, is a write whose business system has no idempotency of its own: each
+execution appends one line to ``--record`` (the notices "sent"), so a duplicate would show
+as a second line. Only the guard's ledger stands between a retry and a second notice.
 
 Scenarios (what the tool does once it runs):
 
@@ -21,12 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from guard import Call, Finish, Kind, Nudge, Report, Result
+from guard import Call, Finish, Kind, Nudge, Report, Result, Settlement
 from guard.remote import RemoteGuard
 from guard.steps import Action
 
@@ -43,9 +46,31 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--record", required=True, type=Path)
     parser.add_argument("--task", type=int)
     parser.add_argument("--hold", type=float, default=0.0, help="seconds the send takes")
+    parser.add_argument("--lookup", action="store_true", help="notify's lookup reads the record")
+    parser.add_argument(
+        "--die-after",
+        choices=["model", "tools", "call", "result", "wait"],
+        help="the process dies (no goodbye, no heartbeat) right after this step's first answer",
+    )
     options = parser.parse_args(argv)
+
+    def step(name: str) -> None:
+        if options.die_after == name:
+            os._exit(9)
+
+    def lookup(key: str) -> Settlement:
+        """The business system's own answer: is there a notice for this task's incident?"""
+        lines = options.record.read_text().splitlines()
+        if any(line.endswith(CALL.args["text"]) for line in lines):
+            result = Result(Kind.SUCCESS, {"notice": f"sent for incident {CALL.args['incident']}"})
+            return Settlement(True, result, f"a notice line for {key} is in the record")
+        return Settlement(False, None, f"no notice line for {key} in the record")
+
     if options.task:
-        guard = RemoteGuard.attach(options.url, token=options.token, task=options.task)
+        lookups = {"notify": lookup} if options.lookup else None
+        guard = RemoteGuard.attach(
+            options.url, token=options.token, task=options.task, lookups=lookups
+        )
     else:
         guard = RemoteGuard.start(
             options.url,
@@ -74,7 +99,9 @@ def main(argv: list[str]) -> int:
             if (stop := guard.before_model()) is not None:
                 report = stop
                 break
+            step("model")
             admitted = guard.before_tools(CALL)
+            step("tools")
             if isinstance(admitted, Report):
                 report = admitted
                 break
@@ -82,6 +109,7 @@ def main(argv: list[str]) -> int:
                 continue
             (ticket,) = admitted
             decision = guard.before_tool(ticket)
+            step("call")
             actions.append(str(decision.action))
             if decision.action is Action.STOP:
                 report = decision.report
@@ -93,11 +121,13 @@ def main(argv: list[str]) -> int:
                     report = guard.after_tool(ticket, error=exc, inspect=None)
                     continue
                 report = guard.after_tool(ticket, outcome, inspect=None)
+                step("result")
             else:
                 report = guard.after_tool(ticket, inspect=None)
             if report is not None:
                 break
             pause = guard.before_wait()
+            step("wait")
             if isinstance(pause, Report):
                 report = pause
                 break

@@ -261,6 +261,46 @@ def test_a_lost_answer_to_a_claim_is_retried_with_the_same_request_id_and_claims
     assert StepRequest.objects.filter(task_id=guard.task, request_id=rid).count() == 1
 
 
+def test_a_start_whose_answer_is_cut_is_asked_again_and_makes_one_task(
+    url: str, token: Callable[[Role], str]
+) -> None:
+    proxy = LosingProxy(url, lambda body: "agent" in body)  # the start's answer is lost
+    secret = token(Role.AGENT)
+    start = {"token": secret, "agent": "notifier", "tools": {"notify": "write"},
+             "retries": 0, "heartbeat": False}  # fmt: skip
+    try:
+        with pytest.raises(ConsoleUnreachable) as cut:
+            RemoteGuard.start(proxy.url, **start)
+        assert cut.value.start_id  # what to ask again with
+        with RemoteGuard.start(proxy.url, start_id=cut.value.start_id, **start) as guard:
+            assert guard.before_model() is None  # the same process drives the one task
+    finally:
+        proxy.close()
+    assert Task.objects.count() == 1 and guard.task == Task.objects.get().id
+    starts = [body for body in proxy.bodies if "agent" in body]
+    assert len(starts) == 2 and starts[0] == starts[1]  # the very same start, asked again
+
+
+def test_a_new_process_starting_with_the_same_start_id_takes_over_the_task_it_made(
+    url: str, token: Callable[[Role], str], settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.LOOPGUARD_ATTACHED_LEASE_SECONDS = 1.5
+    secret = token(Role.AGENT)
+    start = {"token": secret, "agent": "notifier", "tools": {"notify": "write"},
+             "start_id": "nightly-job-2026-12-03", "heartbeat": False}  # fmt: skip
+    first = RemoteGuard.start(url, **start)
+    assert first.before_model() is None  # ...and the process dies here, its answer unsaved
+    import guard.remote
+
+    monkeypatch.setattr(guard.remote, "_STARTED", {})  # a new process remembers nothing
+    second = RemoteGuard.start(url, **start)  # waits out the first one's lease, then goes on
+    with second:
+        assert second.task == first.task and second.lease != first.lease
+        assert second.before_model() is None
+        assert second.finish(Finish("done"), inspect=None).state == "PARTIAL"
+    assert Task.objects.count() == 1
+
+
 # -- agent processes: raced, losing a write, killed --------------------------------------------
 
 
@@ -319,8 +359,49 @@ def test_a_client_killed_mid_write_leaves_it_unknown_once_its_lease_expires(
         what="the sweep to find the expired lease",
     )
     task = Task.objects.get(id=hung.task)
-    assert (task.state, task.reason) == (TaskState.NEEDS_HUMAN, "unknown_commit")
+    assert task.state == TaskState.QUEUED  # waiting for its client, which may look it up
     assert Operation.objects.get(key=key).state == OperationState.UNKNOWN
+
+
+@pytest.mark.parametrize("step", ["model", "tools", "call", "result", "wait"])
+def test_a_client_killed_after_any_step_is_restarted_as_documented_and_finishes(
+    url: str, token: Callable[[Role], str], record: Path, settings: Any, step: str
+) -> None:
+    settings.LOOPGUARD_ATTACHED_LEASE_SECONDS = 1.5
+    agent = token(Role.AGENT)
+    killed = AgentProcess("send", url, agent, record, "--die-after", step)
+    killed.process.wait(timeout=30)
+    assert killed.process.returncode == 9  # died without a word, its lease still alive
+    again = AgentProcess("send", url, agent, record, "--task", str(killed.task), "--lookup")
+    outcome = again.outcome()
+    assert outcome["state"] == "PARTIAL"  # finished: no inspector, so goal unverified
+    assert len(sent(record)) == 1  # the notice went out once, whenever the first one died
+    op = Operation.objects.get(key="incident-7-first-notice")
+    assert op.state == OperationState.COMMITTED
+    assert not Task.objects.filter(state=TaskState.NEEDS_HUMAN).exists()  # nobody paged
+
+
+def test_a_write_cut_by_a_kill_is_settled_by_the_restarted_clients_lookup_without_a_person(
+    url: str, token: Callable[[Role], str], record: Path, settings: Any
+) -> None:
+    settings.LOOPGUARD_ATTACHED_LEASE_SECONDS = 1.5
+    agent = token(Role.AGENT)
+    hung = AgentProcess("hang", url, agent, record)
+    wait_for(lambda: len(sent(record)) == 1, timeout=30, what="the notice being sent")
+    os.kill(hung.process.pid, signal.SIGKILL)  # after the effect, before its result
+    hung.process.wait(timeout=10)
+    # Restarted as the agent guide says: the same task, a new process, its tool's lookup.
+    # attach waits out the dead process's lease itself.
+    again = AgentProcess("send", url, agent, record, "--task", str(hung.task), "--lookup")
+    outcome = again.outcome()
+    assert outcome["actions"] == ["reuse"]  # the notice asked for again is the one sent
+    assert outcome["state"] == "PARTIAL"  # finished; no inspector, so goal unverified
+    assert len(sent(record)) == 1  # nothing sent twice
+    op = Operation.objects.get(key="incident-7-first-notice")
+    assert op.state == OperationState.COMMITTED
+    history = list(op.history.order_by("id").values_list("to_state", "evidence"))
+    assert history[-1][0] == OperationState.COMMITTED and "in the record" in history[-1][1]
+    assert not Task.objects.filter(state=TaskState.NEEDS_HUMAN).exists()  # nobody paged
 
 
 

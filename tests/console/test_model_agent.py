@@ -556,7 +556,7 @@ def test_a_key_the_server_quotes_back_in_its_refusal_is_not_stored(
     assert key not in stored
 
 
-NEEDS_THE_EXTRA = "pip install 'loopguard[model]'"
+NEEDS_THE_EXTRA = "pip install 'loopguard-console[model]'"
 
 
 def test_without_the_openai_package_a_model_task_is_refused_naming_the_extra(

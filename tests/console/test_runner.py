@@ -256,7 +256,7 @@ def test_recovery_turns_an_in_flight_write_into_unknown_and_never_runs_it_again(
     counts = runner.sweep(enqueue=lambda task_id: None)
 
     task.refresh_from_db()
-    assert counts == {"recovered": 1, "resumed": 0, "requeued": 0}
+    assert counts == {"client_lost": 0, "recovered": 1, "resumed": 0, "requeued": 0}
     assert (task.state, task.reason) == (TaskState.NEEDS_HUMAN, "unknown_commit")
     assert Operation.objects.get(task=task).state == OperationState.UNKNOWN
     assert runner.drive(task.id) == "nothing to do: the task is NEEDS_HUMAN"

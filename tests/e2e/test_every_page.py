@@ -13,12 +13,14 @@ AA contrast against what is behind it (4.5:1, or 3:1 for large text).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
+from django.utils import timezone
 from playwright.sync_api import Page, expect
 
 from console import attached, runner
@@ -166,7 +168,23 @@ def objects(everyone: User) -> dict[str, Any]:
         tools={"read_incident": "read", "notify": "write"},
         fingerprint="every-page",
     )
-    tasks = [read, doubt, refund, Task.objects.get(id=answer["task"])]
+    # Another, whose client's lease lapsed: it waits for its client, and its page says since
+    # when (and when it will stop for a person).
+    gone, _ = attached.attached_start(
+        actor=everyone,
+        request_id="every-page-gone",
+        lease="e2e:gone",
+        agent="incident-bot",
+        client="incident-service/2.14.0 (crashed)",
+        tools={"read_incident": "read"},
+        fingerprint="every-page-gone",
+    )
+    lapsed = timezone.now() - timedelta(seconds=5)
+    Task.objects.filter(id=gone["task"]).update(lease_expires_at=lapsed)
+    runner.sweep(lambda task_id: None)
+    waiting = Task.objects.get(id=gone["task"])
+    assert waiting.waiting_for_client_since == lapsed
+    tasks = [read, doubt, refund, Task.objects.get(id=answer["task"]), waiting]
     return {"tasks": tasks, "operation": operation, "approval": approval}
 
 

@@ -355,14 +355,15 @@ def test_an_answer_lost_on_the_way_is_asked_for_again(console: Console) -> None:
 
 
 def test_a_refusal_is_final_and_carries_its_code(console: Console) -> None:
-    console.on("heartbeat", refused(409, "lease_held", "another client's lease drives the task"))
+    console.on("heartbeat", refused(404, "not_found", "there is no task 41"))
 
     with pytest.raises(ProtocolError) as raised:
         RemoteGuard.attach(console.url, token=TOKEN, task=41, sleep=Sleeps(), heartbeat=False)
 
-    assert (raised.value.status, raised.value.code) == (409, "lease_held")
-    assert raised.value.message == "another client's lease drives the task"
+    assert (raised.value.status, raised.value.code) == (404, "not_found")
+    assert raised.value.message == "there is no task 41"
     assert len(console.steps("heartbeat")) == 1  # a 4xx other than 429 is not retried
+    # (lease_held alone is waited out by attach: tests/guard/test_remote_coming_back.py)
 
 
 def test_a_refusal_that_is_not_the_consoles_json_still_says_its_status(console: Console) -> None:

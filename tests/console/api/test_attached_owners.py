@@ -87,7 +87,9 @@ def test_a_halt_with_the_owners_lease_from_another_token_changes_nothing(
 def test_after_the_owners_lease_lapses_nobody_else_can_take_the_task_over(
     owner: Client, other: Client
 ) -> None:
-    Task.objects.filter(id=owner.task).update(lease_expires_at=timezone.now() - timedelta(1))
+    Task.objects.filter(id=owner.task).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
     runner.sweep(lambda task_id: None)
     assert Task.objects.get(id=owner.task).state == TaskState.QUEUED
     stranger = Client(other.caller, lease="b-host:2:fresh")
