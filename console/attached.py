@@ -396,6 +396,8 @@ class _Clock:
     entered: dict[str, float] | None = None
     orphans: tuple[int, ...] = ()
     """The calls a lost client left running, by ticket, until they are reported."""
+    orphaned_by: str = ""
+    """The lease of the client that left them."""
 
     def to_dict(self, saved_at: float) -> dict[str, Any]:
         return {
@@ -403,6 +405,7 @@ class _Clock:
             "model_at": self.model_at,
             "entered": self.entered or {},
             "orphans": list(self.orphans),
+            "orphaned_by": self.orphaned_by,
         }
 
 
@@ -440,10 +443,12 @@ class _Driver:
             self.guard = Guard.restore(saved, limits, history=self._history, **options)
             self.clock = _Clock(clock.get("model_at"), dict(clock.get("entered") or {}))
             orphans = set(clock.get("orphans") or ())
+            self.clock.orphaned_by = str(clock.get("orphaned_by") or "")
             if handover:
                 # Whatever was running when this lease was taken was left by a client that
                 # is gone (or whose lease ran out): its outcome is interrupted, never waited for.
                 orphans = {ticket.index for ticket in self.guard.tickets}
+                self.clock.orphaned_by = str(clock.get("lease") or "")
             self.clock.orphans = tuple(
                 ticket.index
                 for ticket in self.guard.tickets
@@ -590,11 +595,14 @@ class _Driver:
         orphan = ticket.index in self.clock.orphans
         if orphan and (not reported or ticket.call.effect == "write"):
             # Interrupted with its client: what the tool's lookup found, or nothing (lost).
-            # A write's result reported after its lease ran out is not taken: recovery has
-            # made it UNKNOWN, and only a lookup (or a person) settles it now.
+            # Recovery has made a write UNKNOWN; only trusted evidence settles it now: a
+            # lookup, or the very client that ran it reporting its SUCCESS after its lease
+            # ran out (nobody else can have run it: an UNKNOWN write never runs again).
             if reported and fields.get("lookup") is not None:
                 raise InvalidInput("a result step carries a result, an error or a lookup")
             found = _found(fields.get("lookup"), ticket)
+            if reported and self.clock.orphaned_by == self.store.owner:
+                found = _late(fields.get("result"), fields.get("error"))
             stop = self._interrupt(ticket, found, _inspector(fields.get("evidence")))
             if stop is not None:
                 return self._stop(stop)
@@ -765,9 +773,9 @@ class _Driver:
                 action=action,
                 task_id=self.task.id,
                 operation=op,
-                reason=f"settled automatically by the client's lookup: {found.evidence}"[:2000],
+                reason=f"settled automatically, without a person: {found.evidence}"[:2000],
                 before={"state": "UNKNOWN"},
-                after={"state": op.state, "by": "lookup", "client": self.task.client},
+                after={"state": op.state, "by": "automatic settle", "client": self.task.client},
             )
         self.settled = []
 
@@ -937,6 +945,15 @@ _IN_PROTOCOL_WORDS = {
 
 _RUNNING = ("executing", "reusing")
 """A call's statuses while its client runs it (or reuses its stored result)."""
+
+
+def _late(result: Any, error: Any) -> Settlement | None:
+    """A write's own outcome, reported by the client that ran it after its lease ran out:
+    a ``SUCCESS`` settles it committed with that result; anything else is still unknown."""
+    outcome, failed = _outcome(result, error)
+    if failed is not None or not isinstance(outcome, Result) or outcome.kind is not Kind.SUCCESS:
+        return None
+    return Settlement(True, outcome, "its client reported SUCCESS after its lease ran out")
 
 
 def _found(raw: Any, ticket: Ticket) -> Settlement | None:

@@ -58,8 +58,7 @@ SPENT: tuple[Dimension, ...] = tuple(
 _MONEY = "Money spent on model calls, in minor units of LOOPGUARD_CURRENCY,"
 _WHAT = {
     "spend": _MONEY,
-    "explored": "New results counted as progress for tasks without an inspector (the"
-    " exploration budget),",
+    "explored": "Never-seen read results counted as exploration (the exploration budget),",
 }
 """How a series says what it sums, where "<label> spent" would not read right."""
 

@@ -2,10 +2,12 @@
 against the verified revision.
 
 Only a rise in the revision is progress: it clears the memory of repeats and cycles and
-resets stagnation. Admission reads what was observed plus the calls of the same model call
-admitted before (a batch is checked whole before anything runs) until the model call is
-admitted whole (``end_admission``) or nudged; :meth:`Detector.observe` then records what
-each call came to. Any other refusal stops the task, so nothing reads the rest again.
+resets stagnation. A read that brought back something new beside an inspector (exploration)
+only starts the count of stagnant requests again, from itself. Admission reads what was
+observed plus the calls of the same model call admitted before (a batch is checked whole
+before anything runs) until the model call is admitted whole (``end_admission``) or nudged;
+:meth:`Detector.observe` then records what each call came to. Any other refusal stops the
+task, so nothing reads the rest again.
 """
 
 from __future__ import annotations
@@ -102,9 +104,23 @@ class Detector:
 
     # -- observation ---------------------------------------------------------------------
 
-    def observe(self, call: Call, fp: str, poll: bool, kind: Kind | str, revision: int) -> bool:
+    def observe(
+        self,
+        call: Call,
+        fp: str,
+        poll: bool,
+        kind: Kind | str,
+        revision: int,
+        *,
+        gathered: bool = False,
+    ) -> bool:
         """Record what one executed or reused call came to, with its verified revision.
-        Returns whether ``stagnant`` requests in a row have now gone by without progress."""
+        Returns whether ``stagnant`` requests in a row have now gone by without progress.
+
+        ``gathered``: the call brought back information the task had not seen (a read
+        beside an inspector, counted as exploration). That is not verified progress, so the
+        revision and the memory of repeats and cycles stay; only the count of requests
+        without progress starts again, from this request."""
         if kind == Kind.PENDING:
             self.pending.setdefault(fp, 0)
         elif self.pending:
@@ -114,6 +130,10 @@ class Detector:
             self.stagnant = 0
             self.repeats.clear()
             self.recent.clear()
+        elif gathered:
+            # The request itself still counts: "reworded calls, the same answer" stops at
+            # the same request as before, since only its first answer was news.
+            self.stagnant = 0 if poll else 1
         elif not poll:
             self.stagnant += 1
         if not poll and call.tool not in self.limits.exempt:

@@ -400,7 +400,10 @@ class Guard:
         ``SUCCESS`` is ``COMMITTED`` on the tool's own word (unless ``lookup`` finds
         nothing: then ``UNKNOWN``) and raises the revision; any other write result settles
         as ever (a lookup, else ``UNKNOWN``). Use one or the other for a whole task: the
-        revisions of the two do not mix.
+        revisions of the two do not mix. Beside an inspector, a ``SUCCESS`` read whose
+        result was never seen before still counts as exploration (one of
+        ``Limits.explore``; ``explore=0``: none): not progress, but the count of requests
+        without progress starts again from it.
 
         A call that was executing when another call of its batch stopped the task (a host
         that runs a batch at once) is still settled: its write must not stay ``IN_FLIGHT``.

@@ -16,6 +16,12 @@ themselves return instead, and stands in for ``inspect``:
   ledger's usual rules apply (a lookup may settle it, else it is ``UNKNOWN``);
 - ``done`` is never true: a finish ends ``PARTIAL``/``goal_unverified``.
 
+Beside a trusted inspector the same memory tells information gathered from a loop
+(:meth:`Observer.gathered`): a ``SUCCESS`` read whose result was never seen before, in a
+step where the inspector saw no progress, spends one unit of the exploration budget and
+starts the count of stagnant requests again from itself (the revision stays the
+inspector's). ``Limits(explore=0)`` turns that off.
+
 Only a hash of each result that counted is kept (128 bits of sha256), so the memory, and
 the checkpoint part that carries it (``observed``), are bounded by the exploration budget.
 """
@@ -29,6 +35,7 @@ from typing import Any
 from ._budget import Budget
 from ._checks import text
 from ._detector import Detector
+from ._driver import Inspect
 from ._fingerprint import BadArguments, canonical_json
 from ._settlement import Lookup, look_up
 from ._ticket import Status, Ticket
@@ -55,22 +62,29 @@ def result_hash(tool: str, data: Any) -> str:
 
 
 class Observer:
-    """One task's memory of the results that counted as progress, and the evidence it
-    gives in place of an inspector."""
+    """One task's memory of the results that counted (as progress, or beside an inspector
+    as exploration), and the evidence it gives in place of an inspector."""
 
-    __slots__ = ("_budget", "_detector", "seen", "used")
+    __slots__ = ("_budget", "_detector", "_missed", "_policy", "seen")
 
     def __init__(self, budget: Budget, detector: Detector) -> None:
         self._budget = budget
         self._detector = detector
         self.seen: dict[str, None] = {}  # hashes of the results that counted, in order
-        self.used = False  # this task's progress is read from its tools' results
+        self._policy = False  # this task's progress is read from its tools' results
+        self._missed = False  # beside an inspector, a new result came after the budget
+
+    @property
+    def used(self) -> bool:
+        """Whether this task read its tools' results at all (its checkpoint then carries
+        the observer's part)."""
+        return self._policy or bool(self.seen)
 
     def about(self, ticket: Ticket | None, lookup: Lookup | None = None) -> _Observed:
         """An inspector for one step: ``ticket``'s call (``None``: the model's finish);
         ``lookup`` is the tool's trusted lookup, asked about a write that says
         ``SUCCESS``."""
-        self.used = True
+        self._policy = True
         return _Observed(self, ticket, lookup)
 
     def evidence(
@@ -89,16 +103,46 @@ class Observer:
                 # The tool says it succeeded, its lookup finds nothing: nobody knows.
                 return Evidence(revision, False, committed=False)
             return Evidence(revision + 1, False, committed=True)
-        seen = result_hash(call.tool, result.data)
-        if seen in self.seen or not self._budget.explore():
+        if self._new(call.tool, result.data) is not True:
             return Evidence(revision, False)
-        self.seen[seen] = None
         return Evidence(revision + 1, False)
 
+    def gathered(self, ticket: Ticket, result: Result, inspect: Inspect) -> bool:
+        """Beside a trusted ``inspect`` that saw no progress in this step: whether
+        ``ticket``'s read brought back a result never seen before in the task, counted as
+        exploration (one unit of ``Limits.explore`` spent). Under this policy itself
+        (``inspect`` is :meth:`about`'s) a new result is progress instead, and with
+        ``Limits(explore=0)`` nothing is gathered: the host opted out."""
+        if (
+            isinstance(inspect, _Observed)
+            or ticket.call.effect != "read"
+            or result.kind != Kind.SUCCESS
+            or ticket.status is not Status.RAN
+            or self._budget.limits.explore == 0
+        ):
+            return False
+        new = self._new(ticket.call.tool, result.data)
+        if new is None:
+            self._missed = True
+        return new is True
+
+    def _new(self, tool: str, data: Any) -> bool | None:
+        """Whether ``tool``'s ``data`` was never seen before in the task and counts (its
+        hash kept, one of the exploration budget spent); ``None``: new, but the budget is
+        spent, so it does not count."""
+        seen = result_hash(tool, data)
+        if seen in self.seen:
+            return False
+        if not self._budget.explore():
+            return None
+        self.seen[seen] = None
+        return True
+
     def exhausted(self) -> bool:
-        """Whether this task's progress is read from its results and the exploration
-        budget is spent: then a ``no_progress`` stop says so."""
-        return self.used and self._budget.explore_spent()
+        """Whether the exploration budget is spent and that mattered to this task: its
+        progress is read from its results, or a new result beside its inspector could no
+        longer count. Then a ``no_progress`` stop says so."""
+        return (self._policy or self._missed) and self._budget.explore_spent()
 
     # -- checkpoint ----------------------------------------------------------------------
 
@@ -109,7 +153,6 @@ class Observer:
     def load(self, raw: Mapping[str, Any]) -> None:
         """Take back a part made by :meth:`checkpoint` (``TypeError``/``KeyError`` if not)."""
         self.seen = {text(seen): None for seen in raw["seen"]}
-        self.used = True
 
 
 class _Observed:

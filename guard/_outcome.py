@@ -3,18 +3,21 @@ came to, as the inspector verifies it.
 
 The inspector's evidence is read first (``_checks.inspected``); a write that ran is then
 settled against the ledger with it (``SettlementStep.settle``). A ``FATAL`` or
-``PRECONDITION`` result stops the task before anything is observed; otherwise the detector
-observes the call and the record keeps a ``SUCCESS``. Then a verified goal completes the
-task, stagnation stops it, and a ``RETRYABLE`` or ``PENDING`` result asks for a wait. A call
-whose outcome was lost (``lose``) goes to the settlement, which may settle it through a
-trusted lookup and hand it back to be verified like any other.
+``PRECONDITION`` result stops the task before anything is observed, the tool's own words in
+the stop report's detail; otherwise the detector observes the call (a never-seen read
+result beside an inspector counted as exploration, see ``_observed``) and the record keeps
+a ``SUCCESS``. Then a verified goal completes the task, stagnation stops it, and a
+``RETRYABLE`` or ``PENDING`` result asks for a wait. A call whose outcome was lost
+(``lose``) goes to the settlement, which may settle it through a trusted lookup and hand it
+back to be verified like any other.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from ._checks import Refusal, inspected, positive_ms, present
+from ._checks import Refusal, inspected, positive_ms, present, safe_repr
 from ._detector import Detector
 from ._driver import Inspect
 from ._observed import Observer
@@ -26,12 +29,26 @@ from ._values import Finish, Kind, Reason, Result, State
 __all__ = ["OutcomeStep"]
 
 _WAITING = (Kind.RETRYABLE, Kind.PENDING)
-_FATAL = Refusal(State.FAILED, Reason.FATAL)
-_PRECONDITION = Refusal(State.NEEDS_HUMAN, Reason.PRECONDITION)
 _GOAL_MET = Refusal(State.COMPLETED, Reason.GOAL_MET)
 _GOAL_UNVERIFIED = Refusal(State.PARTIAL, Reason.GOAL_UNVERIFIED)
 _NO_PROGRESS = Refusal(State.PARTIAL, Reason.NO_PROGRESS)
 _EXPLORED = "the exploration budget is spent: new results no longer count as progress"
+_SAID = 500  # characters of a tool's own words kept in a stop report's detail
+
+
+def _said(tool: str, result: Result) -> str:
+    """What a tool said when it stopped the task (a ``FATAL`` or ``PRECONDITION``), for the
+    stop report's detail: its name, the kind and its data, bounded."""
+    data: Any = result.data
+    head = f"{tool} returned {result.kind}"
+    if data is None:
+        return head
+    if not isinstance(data, str):
+        try:
+            data = json.dumps(data, ensure_ascii=False, sort_keys=True, default=repr)
+        except Exception:  # data that cannot describe itself: its type says enough
+            data = safe_repr(data)
+    return f"{head}: {data[:_SAID]}"
 
 
 class OutcomeStep:
@@ -78,17 +95,27 @@ class OutcomeStep:
             return Refusal(State.FAILED, Reason.INVALID_EVIDENCE, evidence)
         kind = result.kind
         if kind == Kind.FATAL:
-            return _FATAL
+            return Refusal(State.FAILED, Reason.FATAL, _said(call.tool, result))
         if kind == Kind.PRECONDITION:
-            return _PRECONDITION
-        stalled = detector.observe(call, fp, ticket.poll, kind, evidence.revision)
+            # The tool's own words name what is missing: the person who must provide it
+            # reads them in the stop report.
+            return Refusal(State.NEEDS_HUMAN, Reason.PRECONDITION, _said(call.tool, result))
+        observer = self._observer
+        gathered = (
+            kind == Kind.SUCCESS
+            and evidence.revision <= detector.revision
+            and observer is not None
+            and observer.gathered(ticket, result, inspect)
+        )
+        stalled = detector.observe(
+            call, fp, ticket.poll, kind, evidence.revision, gathered=gathered
+        )
         if kind == Kind.SUCCESS:
             reused = ticket.status is Status.REUSED
             self._record.complete(call.tool, fp, call.operation_key, reused, detector.revision)
         if evidence.done:
             return _GOAL_MET
         if stalled:
-            observer = self._observer
             if observer is not None and observer.exhausted():
                 # Say why new results stopped counting: a grant of "explore" is what helps.
                 return Refusal(State.PARTIAL, Reason.NO_PROGRESS, _EXPLORED)

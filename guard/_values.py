@@ -115,7 +115,9 @@ class Limits:
     without ever writing or finishing still meets ``no_progress`` long before the request
     budget. Once it is spent new results simply stop counting; the task stops
     ``no_progress`` after ``stagnant`` more requests unless a committed write moves it on.
-    It is not used at all when the host passes its own inspector.
+    Beside the host's own inspector it bounds exploration too: a never-seen ``SUCCESS``
+    read that the inspector does not count as progress restarts the no-progress count,
+    within ``explore`` (``explore=0``: it never does).
     """
 
     deadline_ms: int = 60_000

@@ -1,6 +1,6 @@
 """LoopGuard for LangChain v1 agents: a middleware for ``langchain.agents.create_agent``.
 
-Install the extra (``pip install "loopguard[langchain]"``); ``import guard`` itself still
+Install the extra (``pip install "loopguard-guard[langchain]"``); ``import guard`` itself still
 imports nothing outside the standard library, and this module is never imported by it.
 
 :class:`LoopGuardMiddleware` drives the guard's step-wise interface (:class:`StepGuard`: the
@@ -27,8 +27,30 @@ agent's own loop:
 
 What a tool's outcome is reported as:
 
-- a tool message (or a ``Command`` carrying one) with ``status="success"``: ``SUCCESS``,
-  its ``content`` the result's data;
+- a tool message whose ``artifact`` is a :class:`guard.Result`: that result, whatever its
+  kind. This is how a LangChain tool says ``PENDING`` (a job still running, with its id and
+  a wait), ``RETRYABLE``, ``PRECONDITION`` or ``FATAL``: declare it with
+  ``response_format="content_and_artifact"`` and return ``(text for the model, Result)``
+  (or return a ``ToolMessage``/``Command`` with the artifact set yourself)::
+
+      @tool(response_format="content_and_artifact")
+      def export_status(job: str) -> tuple[str, Result]:
+          \"\"\"Look at an export job.\"\"\"
+          state = exports.status(job)
+          if state.running:
+              return f"export {job} is still running", Result(
+                  Kind.PENDING, {"job": job}, wait_ms=2_000
+              )
+          return f"export {job} is ready: {state.url}", Result(Kind.SUCCESS, {"url": state.url})
+
+  Each kind is then honoured as ``Guard.run`` honours it: polling a ``PENDING`` job with
+  the same arguments is charged to ``Limits.polls`` (not a repeat), the wait a
+  ``RETRYABLE``/``PENDING`` result asks for is waited before the next model call,
+  ``PRECONDITION`` stops ``NEEDS_HUMAN``/``precondition`` and ``FATAL`` ``FAILED``/``fatal``,
+  the tool's data in the report's ``detail``. A result without data takes the message's
+  content as its data. The artifact wins over the message's ``status``;
+- otherwise, a tool message (or a ``Command`` carrying one) with ``status="success"``:
+  ``SUCCESS``, its ``content`` the result's data;
 - a tool message with ``status="error"`` (LangChain's ``ToolNode`` turned an error into a
   message for the model, e.g. arguments that failed validation): ``RETRYABLE`` (data: the
   content; wait :data:`ERROR_WAIT_MS`). The model reads the error and may ask for something
@@ -126,7 +148,7 @@ import json
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NotRequired
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, hook_config
@@ -437,8 +459,11 @@ class LoopGuardMiddleware(AgentMiddleware[GuardState, Any, Any]):
         """The tool answered: report it, and show the model what it said (or, when a failed
         call stopped the task, that nothing more will run)."""
         call_id, name = str(request.tool_call.get("id") or ""), request.tool_call["name"]
-        content, failed = _outcome_of(outcome, call_id)
-        if failed:
+        content, failed, artifact = _outcome_of(outcome, call_id)
+        if isinstance(artifact, Result):
+            result = _declared(artifact, content, entry.attempts)
+            failed = result.kind != Kind.SUCCESS
+        elif failed:
             result = Result(Kind.RETRYABLE, content, wait_ms=ERROR_WAIT_MS, attempts=entry.attempts)
         else:
             result = Result(Kind.SUCCESS, content, attempts=entry.attempts)
@@ -510,7 +535,10 @@ def _not_run_text(report: Report, *, write: bool, ran: bool = False) -> str:
         if ran
         else f"Not run: the task was stopped ({report.reason})."
     )
-    if write:
+    if write and ran:
+        # The call ran: whether its action took effect is in the ledger, not for the model.
+        text += " Its outcome is in the task's ledger; this action will not be run again."
+    elif write:
         text += " This action was not performed by this call; a person decides what follows."
     return text + " No more tools will run."
 
@@ -527,8 +555,9 @@ def _content(result: Result) -> str:
     return json.dumps(value, ensure_ascii=False, default=repr)
 
 
-def _outcome_of(outcome: ToolMessage | Command[Any], call_id: str) -> tuple[Any, bool]:
-    """(the content the model will read, whether it is an error) of a tool's answer."""
+def _outcome_of(outcome: ToolMessage | Command[Any], call_id: str) -> tuple[Any, bool, Any]:
+    """(the content the model will read, whether it is an error, its artifact) of a tool's
+    answer."""
     message: Any = outcome
     if isinstance(outcome, Command):
         update = outcome.update
@@ -537,10 +566,23 @@ def _outcome_of(outcome: ToolMessage | Command[Any], call_id: str) -> tuple[Any,
             (m for m in found if isinstance(m, ToolMessage) and m.tool_call_id == call_id), None
         )
         if message is None:
-            return None, False  # a state update without an answer of its own
+            return None, False, None  # a state update without an answer of its own
     if isinstance(message, ToolMessage):
-        return message.content, message.status == "error"
-    return message, False
+        return message.content, message.status == "error", message.artifact
+    return message, False, None
+
+
+def _declared(result: Result, content: Any, attempts: int) -> Result:
+    """The :class:`~guard.Result` a tool gave as its message's artifact, as the guard is
+    told it: without data of its own, the data is what the model reads (so a reused write
+    answers with the same words); the middleware's entries beyond the first (an outer retry
+    middleware's) are executions too, beside the tool's own ``attempts``. A malformed one is
+    passed on as it is, for the guard to refuse (``bad_result``)."""
+    own: Any = result.attempts
+    if type(own) is not int or own < 1:
+        return result
+    data = content if result.data is None else result.data
+    return replace(result, data=data, attempts=own + attempts - 1)
 
 
 def _last_ai_message(messages: Sequence[AnyMessage]) -> AIMessage | None:

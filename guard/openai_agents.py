@@ -1,4 +1,4 @@
-"""The guard in an OpenAI Agents SDK run (``pip install "loopguard[openai-agents]"``).
+"""The guard in an OpenAI Agents SDK run (``pip install "loopguard-guard[openai-agents]"``).
 
 This module imports ``agents``; ``import guard`` does not import it. It works with any
 object offering the guard's step-wise methods (:class:`StepGuard`: the local
@@ -41,9 +41,16 @@ What it does, step by step:
   from the arguments (a :class:`guard.adapters.ToolSpec`). ``before_tool`` decides:
   ``EXECUTE`` runs the function and reports its result (``after_tool``); ``REUSE`` answers
   with the committed result without running it; ``STOP`` answers with a refusal that says
-  the task stopped and nothing more will run (never "try again"). A function may return a
-  :class:`~guard.Result` to report ``RETRYABLE``/``PENDING``/``FATAL`` itself; any other
-  return value is a ``SUCCESS`` with that data. An exception is reported as the tool's error
+  the task stopped and nothing more will run (never "try again"). A function returns a
+  :class:`~guard.Result` to report its kind itself — ``PENDING`` (a job still running,
+  ``Result(Kind.PENDING, {"job": job}, wait_ms=2_000)``), ``RETRYABLE``, ``PRECONDITION``,
+  ``FATAL`` or ``SUCCESS`` — and each is honoured as ``Guard.run`` honours it: a poll of a
+  ``PENDING`` job with the same arguments is charged to ``Limits.polls`` (not a repeat),
+  the wait is waited before the next LLM call, ``PRECONDITION`` ends the run
+  ``NEEDS_HUMAN``/``precondition`` and ``FATAL`` ``FAILED``/``fatal``, the result's data in
+  the report's ``detail``; the model reads the result as ``{"kind": ..., "data": ...}``
+  (a ``SUCCESS`` as its data). Any other return value is a ``SUCCESS`` with that data, sent
+  to the model as the SDK sends it unguarded. An exception is reported as the tool's error
   (a write's outcome is then ``UNKNOWN``) and answered as such; the SDK's own
   failure formatter is switched off, since it would turn a failed write into a success.
 - **Ending the run.** A stop ends the run with :exc:`GuardStopped`, which carries the stop
@@ -205,6 +212,8 @@ class GuardedRun:
 
         ``effect`` says what the tool does; a ``write`` needs ``operation_key``, which names
         the business action from the call's arguments (never the model's call id).
+        ``func`` may return a :class:`~guard.Result` to say its result kind (``PENDING``
+        with a wait, ``PRECONDITION``, ...); anything else is a ``SUCCESS``.
         ``failure_error_function`` cannot be given: the guard must see the tool's errors.
         """
         if "failure_error_function" in options:

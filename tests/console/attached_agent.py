@@ -35,6 +35,15 @@ from guard.steps import Action
 
 KEY = "incident-7-first-notice"
 CALL = Call("notify", {"incident": 7, "text": "Database down"}, "write", KEY)
+
+
+def notice(incident: int) -> Call:
+    """The first notice of ``incident`` (7: :data:`CALL`), each incident its own key."""
+    if incident == 7:
+        return CALL
+    text = f"Database down #{incident}"
+    key = f"incident-{incident}-first-notice"
+    return Call("notify", {"incident": incident, "text": text}, "write", key)
 LIMITS = {"deadline_ms": 120_000, "model_calls": 8, "requests": 8, "executions": 6, "same": 4}
 
 
@@ -47,12 +56,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--task", type=int)
     parser.add_argument("--hold", type=float, default=0.0, help="seconds the send takes")
     parser.add_argument("--lookup", action="store_true", help="notify's lookup reads the record")
+    parser.add_argument("--incident", type=int, default=7, help="whose first notice it sends")
+    parser.add_argument("--start-id", help="the start's id: a start asked again finds its task")
     parser.add_argument(
         "--die-after",
         choices=["model", "tools", "call", "result", "wait"],
         help="the process dies (no goodbye, no heartbeat) right after this step's first answer",
     )
     options = parser.parse_args(argv)
+    call = notice(options.incident)
 
     def step(name: str) -> None:
         if options.die_after == name:
@@ -61,8 +73,8 @@ def main(argv: list[str]) -> int:
     def lookup(key: str) -> Settlement:
         """The business system's own answer: is there a notice for this task's incident?"""
         lines = options.record.read_text().splitlines()
-        if any(line.endswith(CALL.args["text"]) for line in lines):
-            result = Result(Kind.SUCCESS, {"notice": f"sent for incident {CALL.args['incident']}"})
+        if any(line.endswith(call.args["text"]) for line in lines):
+            result = Result(Kind.SUCCESS, {"notice": f"sent for incident {call.args['incident']}"})
             return Settlement(True, result, f"a notice line for {key} is in the record")
         return Settlement(False, None, f"no notice line for {key} in the record")
 
@@ -78,19 +90,22 @@ def main(argv: list[str]) -> int:
             agent="notifier",
             client="tests.console.attached_agent",
             tools={"notify": "write"},
+            input={"incident": options.incident},  # each incident its own goal
+            start_id=options.start_id,
+            lookups={"notify": lookup} if options.lookup else None,
             limits=LIMITS,
         )
     print(json.dumps({"task": guard.task}), flush=True)  # the test may wait for this line
 
     def notify() -> Result:
         with options.record.open("a") as record:
-            record.write(f"{guard.task} {CALL.args['text']}\n")
+            record.write(f"{guard.task} {call.args['text']}\n")
         time.sleep(options.hold)
         if options.scenario == "lose":
             raise ConnectionError("the notice service did not answer")
         if options.scenario == "hang":
             time.sleep(3600)
-        return Result(Kind.SUCCESS, {"notice": f"sent for incident {CALL.args['incident']}"})
+        return Result(Kind.SUCCESS, {"notice": f"sent for incident {call.args['incident']}"})
 
     actions: list[str] = []
     report: Report | None = None
@@ -100,7 +115,7 @@ def main(argv: list[str]) -> int:
                 report = stop
                 break
             step("model")
-            admitted = guard.before_tools(CALL)
+            admitted = guard.before_tools(call)
             step("tools")
             if isinstance(admitted, Report):
                 report = admitted

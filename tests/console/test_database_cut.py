@@ -10,30 +10,21 @@ open another. An answer that cannot be given is a 503 with ``Retry-After``, neve
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
-import signal
-import subprocess
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
-from http.client import HTTPConnection
-from types import ModuleType
-from typing import Any
+from pathlib import Path
 
 import psycopg
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
 
-from console import launcher
 from console.roles import Role, assign
 from console.tokens import api_token_issue
-from tests.up_process import ROOT, clean_environment, free_port
+from tests.live_console import Answer, LiveConsole, serve
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -42,87 +33,13 @@ REQUESTS = 30  # sequential, right after the cut: more than the console's eight 
 APPLICATION = "loopguard-console-under-test"  # its sessions' name, to tell them from ours
 
 
-@dataclass(frozen=True)
-class Answer:
-    status: int
-    retry_after: str | None
-    body: Any
-
-
-@dataclass(frozen=True)
-class Console:
-    url: str
-    log: Callable[[], str]
-
-    def call(self, token: str, method: str, path: str, body: Any = None) -> Answer:
-        """One request on a connection of its own, as a person's program sends it."""
-        connection = HTTPConnection(self.url.removeprefix("http://"), timeout=15)
-        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        try:
-            connection.request(method, path, None if body is None else json.dumps(body), headers)
-            response = connection.getresponse()
-            raw = response.read()
-        finally:
-            connection.close()
-        try:
-            parsed = json.loads(raw)
-        except ValueError:
-            parsed = raw.decode(errors="replace")
-        return Answer(response.status, response.getheader("Retry-After"), parsed)
-
-
-def _database_url() -> str:
-    """The test database, for the console's processes."""
-    db = connection.settings_dict
-    password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
-    return f"postgres://{db['USER']}{password}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-
-
 @pytest.fixture(params=[True, False], ids=["debug-on", "debug-off"])
 def console(
-    request: pytest.FixtureRequest, transactional_db: None, tmp_path: Any
-) -> Iterator[Console]:
+    request: pytest.FixtureRequest, transactional_db: None, tmp_path: Path
+) -> Iterator[LiveConsole]:
     """gunicorn with ``up``'s own command line, on the test database."""
-    port = free_port()
-    options = launcher.parse(["--port", str(port)])
-    children = launcher.children(options, ModuleType("settings"))
-    (web,) = [child for child in children if child.name == "web"]
-    env = clean_environment(
-        DJANGO_SETTINGS_MODULE="console.project.settings",
-        PYTHONPATH=str(ROOT),
-        DATABASE_URL=_database_url(),
-        REDIS_URL=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
-        DJANGO_DEBUG="true" if request.param else "false",
-        DJANGO_SECRET_KEY=secrets.token_urlsafe(50),
-        DJANGO_LOG_LEVEL="WARNING",
-        PGAPPNAME=APPLICATION,  # read by libpq, under psycopg
-    )
-    log_path = tmp_path / "gunicorn.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
-            web.argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT, process_group=0,
-        )  # fmt: skip
-    try:
-        served = Console(f"http://127.0.0.1:{port}", log_path.read_text)
-
-        def up() -> bool:
-            if process.poll() is not None:
-                raise AssertionError(f"gunicorn exited:\n{log_path.read_text()[-4000:]}")
-            try:
-                return served.call("", "GET", "/healthz").status == 200
-            except OSError:
-                return False
-
-        wait_for(up, timeout=60, what="gunicorn to answer /healthz", every=0.2)
+    with serve(tmp_path, debug=request.param, PGAPPNAME=APPLICATION) as served:
         yield served
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def _token(role: Role) -> str:
@@ -154,7 +71,7 @@ def _cut() -> int:
     return int(terminated)
 
 
-def _every_thread_connected(console: Console, token: str) -> None:
+def _every_thread_connected(console: LiveConsole, token: str) -> None:
     """Requests in parallel until each of gunicorn's threads has probably kept a connection
     (there is no asking a thread)."""
     with ThreadPoolExecutor(max_workers=16) as pool:
@@ -165,7 +82,7 @@ def _every_thread_connected(console: Console, token: str) -> None:
 
 
 def test_requests_right_after_the_database_dropped_every_connection_never_fail_with_a_500(
-    console: Console,
+    console: LiveConsole,
 ) -> None:
     reader, agent = _token(Role.VIEWER), _token(Role.AGENT)
     lease = "cut-test:1"
@@ -195,7 +112,7 @@ def test_requests_right_after_the_database_dropped_every_connection_never_fail_w
 
 
 def test_connections_cut_again_and_again_during_requests_give_503s_never_a_500(
-    console: Console,
+    console: LiveConsole,
 ) -> None:
     reader = _token(Role.VIEWER)
     _every_thread_connected(console, reader)

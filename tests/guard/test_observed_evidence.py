@@ -204,10 +204,26 @@ def test_three_reads_then_the_write_they_prepare_run_to_the_finish() -> None:
     assert NOTICE_KEY in notices.sent
 
 
-def test_with_an_inspector_that_sees_no_progress_in_reads_the_same_run_still_stops_early() -> None:
-    # Passing an inspector keeps today's rules: the policy is opt-in.
+def test_with_an_inspector_that_sees_no_progress_in_reads_the_same_run_reaches_its_finish() -> None:
+    # The inspector's revision stays 0 (a notice does not resolve the incident); each new
+    # read is information gathered, counted as exploration, never as verified progress.
     notices = Notices()
     guard = make_guard(Clock())
+    reads = [read("load_incident", id=42), read("load_owner", id=7), read("load_rota", week=19)]
+    tools = _incident_tools(notices)
+
+    report = guard.run(Planner(*reads, notice(), Finish()), tools, notices.inspect)
+
+    assert (report.state, report.reason) == (State.PARTIAL, Reason.GOAL_UNVERIFIED)
+    assert tools.entries == 4
+    assert report.revision == 0  # the inspector's word, not the results'
+    assert report.explored == 3
+
+
+def test_with_an_inspector_and_no_exploration_budget_the_same_run_stops_early() -> None:
+    # Limits(explore=0) opts out: only the inspector's revision counts.
+    notices = Notices()
+    guard = make_guard(Clock(), base_limits(explore=0))
     reads = [read("load_incident", id=42), read("load_owner", id=7), read("load_rota", week=19)]
     tools = _incident_tools(notices)
 
@@ -216,6 +232,7 @@ def test_with_an_inspector_that_sees_no_progress_in_reads_the_same_run_still_sto
     assert (report.state, report.reason) == (State.PARTIAL, Reason.NO_PROGRESS)
     assert tools.entries == 3
     assert report.explored == 0
+    assert report.detail == ""
     assert "observed" not in guard.checkpoint()
 
 

@@ -392,9 +392,25 @@ def test_a_vanished_clients_write_becomes_unknown_when_its_lease_expires(
     task = _task(started)
     assert task.state == TaskState.QUEUED  # waiting for its client (and its lookup)
     assert Operation.objects.get(key="order/3/refund").state == OperationState.UNKNOWN
-    # The client coming back with the result it had, after its lease ran out: too late to
-    # be taken (only a lookup settles it now), so the task stops for a person.
-    stop = started.step("result", ticket=0, result={"kind": "SUCCESS"})["stop"]
+    # The client that ran it comes back with its SUCCESS after its lease ran out: nobody
+    # else can have run it (UNKNOWN never runs again), so its word settles it, audited.
+    answer = started.step("result", ticket=0, result={"kind": "SUCCESS", "data": "r-3"})
+    assert answer["stop"] is None
+    op = Operation.objects.get(key="order/3/refund")
+    assert op.state == OperationState.COMMITTED
+    assert "after its lease ran out" in op.history.order_by("id").last().evidence
+
+
+def test_a_late_failure_from_the_client_that_ran_a_write_leaves_it_for_a_person(
+    started: Client,
+) -> None:
+    started.call("refund", {"cents": 3}, key="order/3/refund")
+    Task.objects.filter(id=started.task).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    runner.sweep(lambda task_id: None)
+    error = {"type": "Timeout", "message": "the desk did not answer", "transient": True}
+    stop = started.step("result", ticket=0, error=error)["stop"]
     assert (stop["state"], stop["reason"]) == ("NEEDS_HUMAN", "unknown_commit")
     assert Operation.objects.get(key="order/3/refund").state == OperationState.UNKNOWN
 
