@@ -49,7 +49,8 @@ class ChannelForm(ReasonForm):
         required=False,
         assume_scheme="https",
         label="Webhook URL",
-        help_text="A Slack-compatible incoming webhook takes the notices as they are.",
+        help_text="An https:// address on the internet, without a user name or password; a "
+        "Slack-compatible incoming webhook takes the notices as they are.",
     )
     secret = forms.CharField(
         max_length=200,
@@ -123,6 +124,9 @@ def channel_add(request: HttpRequest) -> HttpResponse:
             address=data["address"],
             secret=data["secret"],
         )
+    except notifications.WebhookRefused as exc:
+        form.add_error("url", str(exc))
+        return _page(request, form, status=400)
     except notifications.NotificationError as exc:
         form.add_error(None, str(exc))
         return _page(request, form, status=400)

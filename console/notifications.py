@@ -20,22 +20,28 @@ The outbox pattern, in three steps, each safe to run twice and safe when a worke
 A webhook's body is JSON with a top-level ``text`` (what Slack-compatible incoming webhooks
 show) beside the structured fields, signed with the channel's secret: the
 ``X-LoopGuard-Signature`` header is ``sha256=`` and the hex HMAC-SHA256 of the body's bytes.
+It goes only to https and public addresses unless the settings say otherwise, checked when
+a channel is saved and again at every delivery ("where a webhook may go", below).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
+import http.client
+import ipaddress
 import json
 import logging
 import secrets
+import socket
+import ssl
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -74,6 +80,7 @@ LINKS_IN_TEXT = 5  # the human sentence names the first few; the rest are one li
 EVENTS_IN_PAYLOAD = 50  # the structured list is bounded too: the count says how many in all
 ROUTE_AT_ONCE = 1000  # events taken by one routing pass; the next pass takes the rest
 EXCERPT_CHARS = 200
+CONNECT_TRIES = 2  # addresses of one webhook host tried per try, in the resolver's order
 
 AUDIT_CHANNEL_ADD = AuditAction.NOTIFICATION_CHANNEL_ADD
 AUDIT_CHANNEL_REMOVE = AuditAction.NOTIFICATION_CHANNEL_REMOVE
@@ -305,12 +312,13 @@ def backoff(attempts: int) -> timedelta:
     return timedelta(seconds=settings.LOOPGUARD_NOTIFY_BACKOFF_SECONDS * 2 ** (attempts - 1))
 
 
-def deliver(notice_id: int, *, now: datetime | None = None) -> str:
+def deliver(notice_id: int, *, now: datetime | None = None, resolve: Resolver | None = None) -> str:
     """Try to deliver one notice if it is due and nobody else holds it; says what happened.
 
     The claim is a compare-and-set on the row (from the state seen, until a deadline past
     the longest a try may take); the send runs outside any transaction; its outcome is
-    written with the row still claimed by this try (``attempts`` unchanged).
+    written with the row still claimed by this try (``attempts`` unchanged). ``resolve``
+    looks up a webhook's host (:func:`resolve_host` unless given).
     """
     now = now or timezone.now()
     notice = Notice.objects.select_related("channel").filter(id=notice_id).first()
@@ -334,7 +342,13 @@ def deliver(notice_id: int, *, now: datetime | None = None) -> str:
         return "claimed by another worker"
     started = time.monotonic()
     try:
-        outcome = send(notice.channel, notice.payload, notice_id=notice.id, kind=notice.kind)
+        outcome = send(
+            notice.channel,
+            notice.payload,
+            notice_id=notice.id,
+            kind=notice.kind,
+            resolve=resolve or resolve_host,
+        )
     except Exception as exc:  # every failure is a failed try, kept and shown
         outcome = Outcome(ok=False, error=f"{type(exc).__name__}: {exc}")
     duration = round((time.monotonic() - started) * 1000)
@@ -366,52 +380,275 @@ def deliver(notice_id: int, *, now: datetime | None = None) -> str:
 
 
 def send(
-    channel: NotificationChannel, payload: Mapping[str, Any], *, notice_id: int, kind: str
+    channel: NotificationChannel,
+    payload: Mapping[str, Any],
+    *,
+    notice_id: int,
+    kind: str,
+    resolve: Resolver | None = None,
 ) -> Outcome:
     """Send ``payload`` to ``channel`` once (no database access: runs outside transactions)."""
     if channel.transport == ChannelTransport.WEBHOOK:
-        return send_webhook(channel.url, channel.secret, payload, notice_id=notice_id, kind=kind)
+        return send_webhook(
+            channel.url,
+            channel.secret,
+            payload,
+            notice_id=notice_id,
+            kind=kind,
+            resolve=resolve or resolve_host,
+        )
     return send_email(channel.address, payload)
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    # A redirect would turn the POST into a GET elsewhere, or carry the signed body to a
-    # host nobody chose: it is a failed try, shown with its status.
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+# -- where a webhook may go -------------------------------------------------------------------
+#
+# A webhook is a request the console makes from inside its own network, to a URL an admin
+# typed, so an admin account (or a stolen admin session) could aim it at the cloud's
+# metadata service, Redis or PostgreSQL. Hence: https only (http where
+# LOOPGUARD_NOTIFY_ALLOW_HTTP says so), no credentials in the URL, and only public addresses
+# unless LOOPGUARD_NOTIFY_ALLOWED_NETWORKS names the network. The addresses are checked
+# after resolution, at save time to tell the admin at once and again at every delivery
+# (DNS can change after the save), and the connection goes to the very address checked,
+# so that a second resolution cannot swap it.
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Resolver = Callable[[str, int], Sequence[Address]]
+"""``(host, port)`` → the addresses to connect to; raises ``OSError`` when there are none."""
+
+# NAT64's well-known prefix carries an IPv4 address that a gateway on the path reaches.
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+class WebhookRefused(NotificationError):
+    """A webhook URL, or an address its host resolves to, that notices may not go to."""
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookTarget:
+    """A webhook URL taken apart: what to connect to and what to ask for."""
+
+    scheme: str
+    host: str  # ASCII (IDNA), without brackets for IPv6
+    port: int
+    path: str  # the request target: path and query
+
+
+def webhook_target(url: str) -> WebhookTarget:
+    """``url`` as a :class:`WebhookTarget`, or :class:`WebhookRefused` saying why not."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "http" and not settings.LOOPGUARD_NOTIFY_ALLOW_HTTP:
+        raise WebhookRefused(
+            "http:// is refused: use https:// (LOOPGUARD_NOTIFY_ALLOW_HTTP allows http)"
+        )
+    if not scheme:
+        raise WebhookRefused("the webhook URL has no scheme: use https://")
+    if scheme not in {"http", "https"}:
+        raise WebhookRefused(f"{scheme}:// is not a webhook: use https://")
+    if parts.username is not None or parts.password is not None:
+        # They would be sent to whoever answers, and kept and shown with the URL.
+        raise WebhookRefused(
+            "a webhook URL may not hold a user name or password: put a token in its path"
+        )
+    try:
+        port = parts.port or (443 if scheme == "https" else 80)
+        host = (parts.hostname or "").encode("idna").decode("ascii")
+    except (ValueError, UnicodeError):
+        raise WebhookRefused("the webhook URL's host or port is not usable") from None
+    if not host:
+        raise WebhookRefused("the webhook URL has no host")
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return WebhookTarget(scheme=scheme, host=host, port=port, path=path)
+
+
+def resolve_host(host: str, port: int) -> list[Address]:
+    """The addresses ``host`` resolves to now, in the resolver's order (a literal address
+    is itself); ``socket.gaierror`` when it resolves to none."""
+    found: list[Address] = []
+    for *_, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        # Drop an IPv6 scope ("fe80::1%eth0"); the address alone is what is checked.
+        address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+        if address not in found:
+            found.append(address)
+    return found
+
+
+def _allowed(address: Address) -> bool:
+    networks = [ipaddress.ip_network(n) for n in settings.LOOPGUARD_NOTIFY_ALLOWED_NETWORKS]
+    inner = _embedded_ipv4(address)
+    return any(address in n or (inner is not None and inner in n) for n in networks)
+
+
+def _embedded_ipv4(address: Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one stands for (mapped ``::ffff:a.b.c.d``, 6to4, NAT64),
+    which is where a packet to it ends up."""
+    if isinstance(address, ipaddress.IPv4Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
+def address_refusal(address: Address) -> str:
+    """Why notices may not go to ``address`` (``"a loopback address"``), or ``""``."""
+    if _allowed(address):
+        return ""
+    checked = _embedded_ipv4(address) or address
+    for kind, flagged in (
+        ("an unspecified", checked.is_unspecified),
+        ("a loopback", checked.is_loopback),
+        ("a link-local", checked.is_link_local),
+        ("a multicast", checked.is_multicast),
+        ("a reserved", checked.is_reserved),
+        ("a private", checked.is_private),
+        # fec0::/10 counts as global to ipaddress, but it is a site's own network.
+        ("a site-local", isinstance(checked, ipaddress.IPv6Address) and checked.is_site_local),
+        ("a non-public", not checked.is_global),
+    ):
+        if flagged:
+            return f"{kind} address"
+    return ""
+
+
+def _literal(host: str) -> Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirects)
+def checked_addresses(target: WebhookTarget, *, resolve: Resolver) -> list[Address]:
+    """The addresses of ``target``'s host, each allowed; :class:`WebhookRefused` if any is
+    not (a name with one public and one private address must not get a coin toss), and
+    ``OSError`` when the host does not resolve."""
+    addresses = list(resolve(target.host, target.port))
+    if not addresses:
+        raise socket.gaierror(f"{target.host} resolves to no address")
+    for address in addresses:
+        why = address_refusal(address)
+        if why:
+            where = (
+                f"{target.host} is"  # an address as the admin typed it
+                if _literal(target.host) == address
+                else f"{target.host} resolves to {address},"
+            )
+            raise WebhookRefused(
+                f"{where} {why}: notices go to public addresses only "
+                "(LOOPGUARD_NOTIFY_ALLOWED_NETWORKS can allow a network)"
+            )
+    return addresses
+
+
+def webhook_check(url: str, *, resolve: Resolver = resolve_host) -> None:
+    """The check at save time: :class:`WebhookRefused` for a URL no delivery would send to.
+
+    A host that does not resolve now is accepted: every delivery resolves and checks it
+    again anyway, and that check, not this one, is what keeps notices off internal services.
+    """
+    target = webhook_target(url)
+    with contextlib.suppress(OSError):
+        checked_addresses(target, resolve=resolve)
+
+
+class _PinnedConnection(http.client.HTTPConnection):
+    """HTTP, or HTTPS with ``tls``, to addresses checked beforehand: the TCP connection goes
+    to one of them, never to a fresh resolution of the name, while the ``Host`` header, the
+    TLS server name (SNI) and the certificate check all use the URL's host."""
+
+    def __init__(
+        self,
+        target: WebhookTarget,
+        addresses: Sequence[Address],
+        *,
+        timeout: float,
+        tls: ssl.SSLContext | None,
+    ) -> None:
+        super().__init__(target.host, target.port, timeout=timeout)
+        # Leaves the port out of the Host header when it is the scheme's own.
+        self.default_port = 443 if tls is not None else 80
+        self._addresses = list(addresses)
+        self._tls = tls
+
+    def connect(self) -> None:
+        failure: OSError = OSError("no address to connect to")
+        # Each was checked, so any may be tried; but each may take a whole timeout, and a
+        # try must end within its claim (the timeout + 30 s): two at most (IPv6, IPv4).
+        for address in self._addresses[:CONNECT_TRIES]:
+            try:
+                sock = socket.create_connection((str(address), self.port), self.timeout)
+                break
+            except OSError as exc:
+                failure = exc
+        else:
+            raise failure
+        if self._tls is not None:
+            try:
+                sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock = sock
 
 
 def send_webhook(
-    url: str, secret: str, payload: Mapping[str, Any], *, notice_id: int, kind: str
+    url: str,
+    secret: str,
+    payload: Mapping[str, Any],
+    *,
+    notice_id: int,
+    kind: str,
+    resolve: Resolver = resolve_host,
 ) -> Outcome:
-    """POST the signed JSON body; a 2xx answer is delivered, anything else a failed try."""
-    body = body_of(payload)
-    request = urllib.request.Request(  # noqa: S310 - an admin's http(s) URL (URLField)
-        url,
-        data=body,
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "User-Agent": "LoopGuard-notifier",
-            SIGNATURE_HEADER: sign(secret, body),
-            NOTICE_HEADER: str(notice_id),
-            "X-LoopGuard-Kind": kind,
-        },
-    )
-    timeout = settings.LOOPGUARD_NOTIFY_TIMEOUT_SECONDS
+    """POST the signed JSON body to a checked address; a 2xx answer is delivered, anything
+    else (a redirect included: it is not followed) a failed try.
+
+    Only the answer's status is kept: its body, headers and reason phrase are the target's
+    words, and showing them would let the page read whatever the URL reaches.
+    """
     try:
-        with _OPENER.open(request, timeout=timeout) as answer:
-            text = answer.read(EXCERPT_CHARS * 4).decode("utf-8", "replace")
-            return Outcome(ok=200 <= answer.status < 300, status_code=answer.status, response=text)
-    except urllib.error.HTTPError as exc:
-        text = exc.read(EXCERPT_CHARS * 4).decode("utf-8", "replace") if exc.fp else ""
-        return Outcome(ok=False, status_code=exc.code, response=text, error=f"answered {exc.code}")
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return Outcome(ok=False, error=f"{type(exc).__name__}: {reason}")
+        target = webhook_target(url)
+    except WebhookRefused as exc:
+        return Outcome(ok=False, error=f"refused: {exc}")
+    try:
+        addresses = checked_addresses(target, resolve=resolve)
+    except WebhookRefused as exc:
+        return Outcome(ok=False, error=f"refused: {exc}")
+    except OSError as exc:
+        return Outcome(ok=False, error=f"cannot resolve {target.host}: {exc.strerror or exc}")
+    body = body_of(payload)
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "LoopGuard-notifier",
+        SIGNATURE_HEADER: sign(secret, body),
+        NOTICE_HEADER: str(notice_id),
+        "X-LoopGuard-Kind": kind,
+    }
+    tls = ssl.create_default_context() if target.scheme == "https" else None
+    connection = _PinnedConnection(
+        target, addresses, timeout=settings.LOOPGUARD_NOTIFY_TIMEOUT_SECONDS, tls=tls
+    )
+    try:
+        connection.request("POST", target.path, body=body, headers=headers)
+        status = connection.getresponse().status
+    except http.client.HTTPException as exc:
+        # Its message quotes what came back; the class says enough.
+        return Outcome(ok=False, error=f"{type(exc).__name__}: no HTTP answer")
+    except OSError as exc:
+        return Outcome(ok=False, error=f"{type(exc).__name__}: {exc.strerror or exc}")
+    except ValueError as exc:  # http.client.InvalidURL: its message quotes the secret path
+        return Outcome(ok=False, error=f"{type(exc).__name__}: the URL cannot be sent")
+    finally:
+        connection.close()
+    if 200 <= status < 300:
+        return Outcome(ok=True, status_code=status)
+    error = f"answered {status}"
+    if 300 <= status < 400:
+        error += " (a redirect: not followed)"
+    return Outcome(ok=False, status_code=status, error=error)
 
 
 def send_email(addresses: str, payload: Mapping[str, Any]) -> Outcome:
@@ -458,9 +695,11 @@ def channel_add(
     url: str = "",
     address: str = "",
     secret: str = "",
+    resolve: Resolver | None = None,
 ) -> tuple[NotificationChannel, str]:
     """Add a channel, audited; returns it and its secret when one was made here (shown to
-    the admin once: it is never shown again)."""
+    the admin once: it is never shown again). A webhook URL that no delivery would send to
+    is refused with :class:`WebhookRefused` (``resolve`` looks up its host)."""
     chosen = sorted({NoticeKind(kind).value for kind in kinds})
     if not chosen:
         raise NotificationError("choose at least one kind of event")
@@ -468,6 +707,7 @@ def channel_add(
     if transport == ChannelTransport.WEBHOOK:
         if not url:
             raise NotificationError("a webhook needs its URL")
+        webhook_check(url, resolve=resolve or resolve_host)
         if not secret:
             secret = made = secrets.token_urlsafe(32)
         address = ""
@@ -577,19 +817,28 @@ __all__ = [
     "NotificationError",
     "NotificationsPage",
     "Outcome",
+    "Resolver",
+    "WebhookRefused",
+    "WebhookTarget",
+    "address_refusal",
     "backoff",
     "body_of",
     "build_payload",
     "channel_add",
     "channel_remove",
     "channel_send_test",
+    "checked_addresses",
     "deliver",
     "due_notices",
     "notifications_page",
     "notify",
     "record_overdue_unknowns",
+    "resolve_host",
     "route_events",
     "send",
+    "send_webhook",
     "sign",
     "verify",
+    "webhook_check",
+    "webhook_target",
 ]

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from axes.handlers.database import AxesDatabaseHandler
+from axes.helpers import get_lockout_parameters
 from axes.models import AccessAttempt
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.models import User
+from django.db.models import Sum
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils.cache import patch_cache_control
@@ -42,6 +45,10 @@ logger = logging.getLogger(__name__)
 
 # The length of axes' username columns (AccessAttempt, AccessFailureLog).
 USERNAME_STORED = 255
+
+# Taken by the first request through a proxy we do not trust and never given back: the
+# warning is said once per process, by one thread, however many requests race to say it.
+_UNTRUSTED_PROXY_NOTED = threading.Lock()
 
 
 class NoStoreMiddleware:
@@ -73,16 +80,44 @@ def client_address(request: HttpRequest) -> str | None:
     ``X-Forwarded-For``: then the entry that many places from the right, which the client
     cannot forge (whatever it sent itself stays to the left). A header too short for that, or
     an entry that is not an address, means the request did not come through them: the
-    connecting address it is.
+    connecting address it is. With none trusted, the header arriving from a private or
+    loopback address is noted in the log, once (:func:`_note_untrusted_proxy`).
     """
     remote = str(request.META.get("REMOTE_ADDR") or "")
+    forwarded = str(request.META.get("HTTP_X_FORWARDED_FOR") or "")
     proxies: int = settings.LOOPGUARD_TRUSTED_PROXIES
     if proxies > 0:
-        forwarded = str(request.META.get("HTTP_X_FORWARDED_FOR") or "")
         hops = [hop.strip() for hop in forwarded.split(",")]
         if len(hops) >= proxies and _is_address(hops[-proxies]):
             return hops[-proxies]
+    elif forwarded:
+        _note_untrusted_proxy(remote)
     return remote if _is_address(remote) else None
+
+
+def _note_untrusted_proxy(remote: str) -> None:
+    """Warn, once per process, that sign-ins seem to arrive through a proxy we do not trust.
+
+    The settings cannot see a proxy at start-up; a request can: a private or loopback
+    connecting address that sends X-Forwarded-For is almost always a reverse proxy (a public
+    one sending it is a client writing its own). Behind it, every person signs in from the
+    proxy's address and shares that address's limit.
+    """
+    try:
+        connecting = ipaddress.ip_address(remote)
+    except ValueError:
+        return
+    if not (connecting.is_private or connecting.is_loopback):
+        return
+    if _UNTRUSTED_PROXY_NOTED.acquire(blocking=False):
+        logger.warning(
+            "sign-ins arrive through a proxy at %a (X-Forwarded-For is set) that the console "
+            "does not trust, so every client counts as that one address for sign-in "
+            "throttling: set LOOPGUARD_TRUSTED_PROXIES=1 (the number of proxies that append "
+            "to X-Forwarded-For) if the proxy appends the client's address, as nginx's "
+            "$proxy_add_x_forwarded_for does; said once per process",
+            remote,
+        )
 
 
 def _is_address(text: str) -> bool:
@@ -120,8 +155,13 @@ def client_description(
 
 
 class LoginThrottle(AxesDatabaseHandler):  # type: ignore[misc]
-    """django-axes' database handler (PostgreSQL, or SQLite in standalone mode), forgiving an
-    account's own failures once it signs in.
+    """django-axes' database handler (PostgreSQL, or SQLite in standalone mode), with a limit
+    for each counter, forgiving an account's own failures once it signs in.
+
+    axes holds every counter (``AXES_LOCKOUT_PARAMETERS``) to one limit; here the pair
+    (account, address) keeps it and the address and the account alone each get their own,
+    higher one (:meth:`get_failures`), so that no one address can lock out everyone behind
+    it, nor one account everywhere.
 
     axes' reset-on-success forgets every failure from the signing-in address too, so an
     attacker could sign in to an account of their own between guesses at someone else's and
@@ -130,6 +170,27 @@ class LoginThrottle(AxesDatabaseHandler):  # type: ignore[misc]
     while failures against other accounts from that address keep counting. It also makes
     what axes stores of a request's headers storable (:func:`_storable`).
     """
+
+    def get_failures(self, request: Any, credentials: dict[str, Any] | None = None) -> int:
+        """The failures that count against this sign-in, on the scale of ``AXES_FAILURE_LIMIT``.
+
+        axes compares this one number with that one limit (to refuse a sign-in, and to lock
+        out at a failure), so each counter's failures are given as their share of its own
+        limit, times that one: ``floor(failures * base / limit)`` reaches ``base`` exactly
+        when ``failures`` reaches ``limit``. The pair's limit is ``base``, so its share is its
+        count.
+        """
+        base: int = settings.AXES_FAILURE_LIMIT
+        limits = _counter_limits()
+        parameters = get_lockout_parameters(request, credentials)
+        # One query set per parameter, in the same order, already within the cool-off.
+        counted = self.get_user_attempts(request, credentials)
+        shares = [0]
+        for parameter, attempts in zip(parameters, counted, strict=True):
+            fields = frozenset([parameter] if isinstance(parameter, str) else parameter)
+            failures: int = attempts.aggregate(total=Sum("failures_since_start"))["total"] or 0
+            shares.append(failures * base // limits[fields])
+        return max(shares)
 
     def user_login_failed(
         self, sender: Any, credentials: dict[str, Any], request: Any = None, **kwargs: Any
@@ -145,6 +206,18 @@ class LoginThrottle(AxesDatabaseHandler):  # type: ignore[misc]
     def user_logged_out(self, sender: Any, request: Any, user: Any, **kwargs: Any) -> None:
         _storable(request)
         super().user_logged_out(sender, request, user, **kwargs)
+
+
+def _counter_limits() -> dict[frozenset[str], int]:
+    """Each counter in ``AXES_LOCKOUT_PARAMETERS``, by the fields it counts, and its limit.
+
+    Read at each sign-in rather than once, so that a test's settings apply.
+    """
+    return {
+        frozenset({"username", "ip_address"}): settings.AXES_FAILURE_LIMIT,
+        frozenset({"ip_address"}): settings.LOOPGUARD_LOGIN_ADDRESS_FAILURE_LIMIT,
+        frozenset({"username"}): settings.LOOPGUARD_LOGIN_ACCOUNT_FAILURE_LIMIT,
+    }
 
 
 def _storable(request: Any) -> None:

@@ -5,6 +5,7 @@ a typo in the environment stops the process at start-up instead of misbehaving l
 Defaults suit a first run on a developer machine (DEBUG on, local PostgreSQL and Redis).
 """
 
+import ipaddress
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -216,7 +217,19 @@ AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
+# One account from one address: a person's typos, or one attacker guessing one password.
 LOOPGUARD_LOGIN_FAILURE_LIMIT = env_int("LOOPGUARD_LOGIN_FAILURE_LIMIT", 5)
+# One address, whatever accounts it tries (password spraying). Everyone behind an office's
+# NAT shares it, so it must stay far above their typos: each of them stops counting towards
+# it at the limit above, so reaching it takes guesses at ten accounts or more.
+LOOPGUARD_LOGIN_ADDRESS_FAILURE_LIMIT = env_int(
+    "LOOPGUARD_LOGIN_ADDRESS_FAILURE_LIMIT", 10 * LOOPGUARD_LOGIN_FAILURE_LIMIT
+)
+# One account, whatever addresses guess it: bounds guessing from many addresses, while no one
+# address (which stops at the first limit) can lock its owner out everywhere.
+LOOPGUARD_LOGIN_ACCOUNT_FAILURE_LIMIT = env_int(
+    "LOOPGUARD_LOGIN_ACCOUNT_FAILURE_LIMIT", 4 * LOOPGUARD_LOGIN_FAILURE_LIMIT
+)
 LOOPGUARD_LOGIN_COOLOFF_MINUTES = env_float("LOOPGUARD_LOGIN_COOLOFF_MINUTES", 15.0)
 # How many reverse proxies in front of the console append the client's address to
 # X-Forwarded-For. 0: the connecting address (REMOTE_ADDR) is the client, and the header,
@@ -226,11 +239,22 @@ if LOOPGUARD_LOGIN_FAILURE_LIMIT < 1 or LOOPGUARD_TRUSTED_PROXIES < 0:
     raise ImproperlyConfigured(
         "LOOPGUARD_LOGIN_FAILURE_LIMIT must be at least 1 and LOOPGUARD_TRUSTED_PROXIES at least 0"
     )
+for _name, _limit in [
+    ("LOOPGUARD_LOGIN_ADDRESS_FAILURE_LIMIT", LOOPGUARD_LOGIN_ADDRESS_FAILURE_LIMIT),
+    ("LOOPGUARD_LOGIN_ACCOUNT_FAILURE_LIMIT", LOOPGUARD_LOGIN_ACCOUNT_FAILURE_LIMIT),
+]:
+    # Below it, the wider counter would refuse first and the pair's limit would mean nothing.
+    if _limit < LOOPGUARD_LOGIN_FAILURE_LIMIT:
+        raise ImproperlyConfigured(
+            f"{_name}={_limit} must be at least LOOPGUARD_LOGIN_FAILURE_LIMIT "
+            f"({LOOPGUARD_LOGIN_FAILURE_LIMIT})"
+        )
 AXES_FAILURE_LIMIT = LOOPGUARD_LOGIN_FAILURE_LIMIT
 AXES_COOLOFF_TIME = timedelta(minutes=LOOPGUARD_LOGIN_COOLOFF_MINUTES)
-# Per account (guessing one person's password from many addresses) and per address (trying
-# many accounts from one); either one reaching the limit refuses the sign-in.
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+# Three counters: the pair (account, address), the address alone, the account alone. axes
+# holds every counter to AXES_FAILURE_LIMIT; our handler gives the two wider ones their own
+# limits above (LoginThrottle.get_failures). Any one at its limit refuses the sign-in.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address", "username"]
 # A refused attempt does not restart the cool-off, so "try again in N minutes" holds.
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 # axes' own reset on success would also forgive the address's failures against other
@@ -454,6 +478,21 @@ if LOOPGUARD_NOTIFY_BATCH_SECONDS < 0 or LOOPGUARD_NOTIFY_ATTEMPTS < 1:
     raise ImproperlyConfigured(
         "LOOPGUARD_NOTIFY_BATCH_SECONDS must be at least 0 and LOOPGUARD_NOTIFY_ATTEMPTS at least 1"
     )
+# Where webhooks may go (console/notifications.py, "where a webhook may go"). A webhook is a
+# request from inside the console's network to a URL an admin typed: by default only https,
+# only to public addresses (checked after resolution, at every delivery), so that an admin
+# session cannot read the metadata service, Redis or PostgreSQL through it. A receiver on
+# the internal network needs its network named here (CIDR: 10.20.0.0/16, fd00::/8).
+LOOPGUARD_NOTIFY_ALLOW_HTTP = env_bool("LOOPGUARD_NOTIFY_ALLOW_HTTP", False)
+LOOPGUARD_NOTIFY_ALLOWED_NETWORKS = env_list("LOOPGUARD_NOTIFY_ALLOWED_NETWORKS", [])
+for _network in LOOPGUARD_NOTIFY_ALLOWED_NETWORKS:
+    try:
+        ipaddress.ip_network(_network)  # strict: 10.1.2.3/8 is a typo more often than a wish
+    except ValueError as _error:
+        raise ImproperlyConfigured(
+            f"LOOPGUARD_NOTIFY_ALLOWED_NETWORKS: {_network!r} is not a network such as "
+            f"10.20.0.0/16 or fd00::/8 ({_error})"
+        ) from None
 # Email notices go through Django's mailer ("default" in MAILERS), made from the EMAIL_*
 # variables. Without EMAIL_HOST there is no mailer and no email is sent (an email channel's
 # tries fail and say so); webhooks need none of these.

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import ssl
 import threading
 import uuid
 from collections.abc import Iterator
@@ -71,11 +72,17 @@ class Received:
 @dataclass
 class Receiver:
     """A webhook receiver on a local port: keeps every request, answers ``answers`` in
-    turn (then 200)."""
+    turn (then 200), with ``body`` when set and ``location`` as a redirect's target."""
 
     url: str = ""
     requests: list[Received] = field(default_factory=list)
     answers: list[int] = field(default_factory=list)
+    body: bytes | None = None
+    location: str = ""
+
+    @property
+    def port(self) -> int:
+        return int(self.url.split(":")[2].split("/")[0])
 
 
 @pytest.fixture
@@ -85,8 +92,9 @@ def receiver() -> Iterator[Receiver]:
 
 
 @contextlib.contextmanager
-def receiving() -> Iterator[Receiver]:
-    """A :class:`Receiver` listening on a free local port until the block ends."""
+def receiving(tls: ssl.SSLContext | None = None) -> Iterator[Receiver]:
+    """A :class:`Receiver` listening on a free local port until the block ends (HTTPS with
+    ``tls``)."""
     found = Receiver()
 
     class Handler(BaseHTTPRequestHandler):
@@ -95,8 +103,12 @@ def receiving() -> Iterator[Receiver]:
             body = self.rfile.read(length)
             found.requests.append(Received(self.path, self.headers, body))
             status = found.answers.pop(0) if found.answers else 200
-            answer = b"ok" if status < 400 else b"the receiver is down today"
+            answer = found.body
+            if answer is None:
+                answer = b"ok" if status < 400 else b"the receiver is down today"
             self.send_response(status)
+            if found.location:
+                self.send_header("Location", found.location)
             self.send_header("Content-Length", str(len(answer)))
             self.end_headers()
             self.wfile.write(answer)
@@ -105,9 +117,12 @@ def receiving() -> Iterator[Receiver]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    found.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/loopguard"
+    scheme = "http" if tls is None else "https"
+    found.url = f"{scheme}://127.0.0.1:{server.server_address[1]}/hooks/loopguard"
     try:
         yield found
     finally:
@@ -229,8 +244,9 @@ def test_a_task_that_needs_a_human_sends_one_signed_webhook_that_the_receiver_ve
     notice = Notice.objects.get()
     assert notice.state == NoticeState.SENT
     assert got.headers["X-LoopGuard-Notice"] == str(notice.id)
+    # The answer's status is kept; its body ("ok") is the target's words and is not.
     assert [(t.number, t.ok, t.status_code, t.response) for t in notice.tries.all()] == [
-        (1, True, 200, "ok")
+        (1, True, 200, "")
     ]
 
 
@@ -455,7 +471,7 @@ def test_a_failing_receiver_is_retried_with_backoff_and_every_try_is_kept(
         (2, False, 503),
         (3, True, 200),
     ]
-    assert tries[0].response == "the receiver is down today"
+    assert tries[0].response == ""  # the receiver's words are never kept
     assert tries[0].error == "answered 500"
 
 

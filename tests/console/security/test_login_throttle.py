@@ -81,29 +81,6 @@ def test_fewer_wrong_passwords_than_the_limit_still_let_the_right_one_in(ana: Us
     assert signed_in(client)
 
 
-def test_an_account_is_throttled_whichever_addresses_the_guesses_come_from(ana: User) -> None:
-    for i in range(LIMIT):
-        sign_in("ana", f"wrong-{i}", address=f"192.0.2.{i + 1}")
-
-    status, page, client = sign_in("ana", PASSWORD, address="198.51.100.7")
-
-    assert status == 429 and THROTTLED in page
-    assert not signed_in(client)
-
-
-def test_an_address_is_throttled_whichever_accounts_it_tries(
-    ana: User, django_user_model: type[User]
-) -> None:
-    for i in range(LIMIT):
-        sign_in(f"someone-{i}", "guess", address="203.0.113.9")
-
-    refused = sign_in("ana", PASSWORD, address="203.0.113.9")
-    elsewhere = sign_in("ana", PASSWORD, address="198.51.100.7")
-
-    assert refused[0] == 429 and not signed_in(refused[2])
-    assert elsewhere[0] == 302 and signed_in(elsewhere[2])
-
-
 def test_the_block_lifts_once_the_cool_off_has_passed(ana: User) -> None:
     for i in range(LIMIT):
         sign_in("ana", f"wrong-{i}")
@@ -176,29 +153,6 @@ def test_a_user_name_cannot_forge_a_log_line(db: None, caplog: pytest.LogCapture
         sign_in("ana\nINFO forged line", "wrong")
 
     assert all("\n" not in record.getMessage() for record in caplog.records)
-
-
-def test_the_forwarded_header_is_ignored_unless_proxies_are_trusted(ana: User) -> None:
-    # A client rotating X-Forwarded-For does not get a fresh address each time.
-    for i in range(LIMIT):
-        sign_in(f"someone-{i}", "guess", address="10.9.9.9", forwarded=f"192.0.2.{i}")
-
-    assert sign_in("ana", PASSWORD, address="10.9.9.9", forwarded="198.51.100.1")[0] == 429
-
-
-def test_behind_a_trusted_proxy_the_address_it_saw_is_counted(
-    ana: User, settings: Settings
-) -> None:
-    settings.LOOPGUARD_TRUSTED_PROXIES = 1
-    proxy = "10.0.0.2"
-    # Whatever the client puts in front, the proxy appends the address it saw.
-    for i in range(LIMIT):
-        sign_in(f"someone-{i}", "guess", address=proxy, forwarded=f"1.1.1.{i}, 203.0.113.5")
-
-    assert sign_in("ana", PASSWORD, address=proxy, forwarded="203.0.113.5")[0] == 429
-    # Another client behind the same proxy is not blocked with it.
-    assert sign_in("ana", PASSWORD, address=proxy, forwarded="198.51.100.20")[0] == 302
-    assert AccessAttempt.objects.filter(ip_address="203.0.113.5").count() == LIMIT
 
 
 def test_a_forwarded_header_that_is_not_an_address_falls_back_to_the_connection(
