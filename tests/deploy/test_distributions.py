@@ -224,7 +224,8 @@ def test_the_guard_wheel_alone_runs_the_guides_attached_langchain_agent(
     task = Task.objects.get(agent="incident-bot")
     assert (task.state, task.reason) == (TaskState.PARTIAL, "goal_unverified")
     assert task.client == "incident-service/1 (langchain)"
-    operation = Operation.objects.get(key="incident-42-first-notice")
+    operation = Operation.objects.get(task=task)
+    assert operation.key.startswith("incident-42-first-notice-")  # the example's run id
     assert (operation.state, operation.task_id, operation.attempts) == (
         OperationState.COMMITTED, task.id, 1
     )  # fmt: skip
