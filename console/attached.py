@@ -51,6 +51,15 @@ from guard import (
 from guard.steps import RETRY_WAIT_MS, Action, Ticket, canonical_json
 
 from . import services, trace
+from .inputs import (
+    MAX_ARGS_BYTES,
+    MAX_NAME_CHARS,
+    MAX_RESULT_BYTES,
+    MAX_TEXT_CHARS,
+    InputRefused,
+    check_bounded,
+    key_problem,
+)
 from .ledger import DatabaseLedger
 from .lifecycle import limits_of, operator_stop_detail, usage_of
 from .models import (
@@ -773,7 +782,7 @@ class _Driver:
                 action=action,
                 task_id=self.task.id,
                 operation=op,
-                reason=f"settled automatically, without a person: {found.evidence}"[:2000],
+                reason=f"settled automatically, without a person: {found.evidence}",
                 before={"state": "UNKNOWN"},
                 after={"state": op.state, "by": "automatic settle", "client": self.task.client},
             )
@@ -796,8 +805,12 @@ class _Driver:
         if cost is not None:
             try:
                 self.guard.settle_spend(cost)
-            except ValueError as exc:  # no model call's reservation is waiting for its cost
-                raise _OutOfOrder("step_out_of_order", f"usage.cost: {exc}") from None
+            except ValueError:  # no model call's reservation is waiting for its cost
+                raise _OutOfOrder(
+                    "step_out_of_order",
+                    "usage.cost: no model call is waiting for its cost (each model step's "
+                    "cost is sent once, with the step after it)",
+                ) from None
         self.tokens, self.cost = tokens, usage.get("cost")
 
     def _settled_first(self, what: str) -> Report | None:
@@ -830,16 +843,26 @@ class _Driver:
             }:
                 raise InvalidInput(f"{where} must be {{tool, args, effect?, operation_key?}}")
             tool, args = item.get("tool"), item.get("args", {})
-            if not isinstance(tool, str) or not tool:
-                raise InvalidInput(f"{where}.tool must be a tool's name")
+            # No tool is declared with a longer name: one is a malformed call, not a bad one.
+            if not isinstance(tool, str) or not 0 < len(tool) <= MAX_NAME_CHARS:
+                raise InvalidInput(f"{where}.tool must be a tool's name (1 to {MAX_NAME_CHARS})")
             if not isinstance(args, Mapping):
                 raise InvalidInput(f"{where}.args must be an object")
-            effect = item.get("effect") or self.task.tools.get(tool, "read")
+            _bounded(args, f"{where}.args", MAX_ARGS_BYTES)
+            # Only an absent effect (or null) takes the declared one: a false or an empty
+            # list is a malformed effect, not a request for the default.
+            effect = item.get("effect")
+            if effect is None:
+                effect = self.task.tools.get(tool, "read")
             if effect not in ("read", "write"):
                 raise InvalidInput(f'{where}.effect must be "read" or "write"')
             key = item.get("operation_key")
             if key is not None and not isinstance(key, str):
                 raise InvalidInput(f"{where}.operation_key must be a string")
+            # Never cut: a shorter key names another business action.
+            problem = None if key is None else key_problem(key)
+            if problem is not None:
+                raise InvalidInput(f"{where}: {problem}")
             calls.append(Call(tool, dict(args), effect, key))
         return calls
 
@@ -966,7 +989,7 @@ def _found(raw: Any, ticket: Ticket) -> Settlement | None:
     if not isinstance(raw, Mapping) or set(raw) - {"committed", "result", "evidence"}:
         raise InvalidInput('lookup is {"committed": true|false|null, "result"?, "evidence"}')
     committed = raw.get("committed")
-    if committed not in (True, False, None):
+    if not (committed is None or isinstance(committed, bool)):
         raise InvalidInput("lookup.committed must be true, false or null (cannot tell)")
     evidence = _text(raw.get("evidence"), "lookup.evidence")
     if committed is not None and not evidence.strip():
@@ -975,11 +998,12 @@ def _found(raw: Any, ticket: Ticket) -> Settlement | None:
     if raw.get("result") is not None:
         if committed is not True:
             raise InvalidInput("lookup.result only goes with committed: true")
+        _bounded(raw["result"], "lookup.result", MAX_RESULT_BYTES)
         reported, error = _outcome(raw["result"], None)
         if error is not None or not isinstance(reported, Result):
             raise InvalidInput("lookup.result must be a result, {kind, data?}")
         result = reported
-    return Settlement(committed, result, evidence[:500])
+    return Settlement(committed, result, evidence)
 
 
 class _OutOfOrder(Exception):
@@ -1034,24 +1058,33 @@ def _outcome(result: Any, error: Any) -> tuple[Any, BaseException | None]:
     if error is not None:
         if not isinstance(error, Mapping) or set(error) - {"type", "message", "transient"}:
             raise InvalidInput('error is {"type", "message", "transient"}')
-        kind = _text(error.get("type"), "error.type") or "Error"
+        kind = _text(error.get("type"), "error.type", MAX_NAME_CHARS) or "Error"
         message = _text(error.get("message"), "error.message")
+        transient = error.get("transient", False)
+        if not isinstance(transient, bool):
+            # Read as false, "true" would make a retryable error final: refused instead.
+            raise InvalidInput("error.transient must be true or false")
         # Named as the client's exception was, so that the report reads as it would locally.
-        named = kind if kind.isidentifier() and len(kind) <= 100 else "ToolError"
+        named = kind if kind.isidentifier() else "ToolError"
         cls = type(named, (_ToolError,), {})
-        return None, cls(message, transient=error.get("transient") is True)
+        return None, cls(message, transient=transient)
+    if isinstance(result, Mapping):
+        # Checked before the kind: a count of the wrong type is a malformed result (400),
+        # while a result that is not one at all is the guard's bad_result.
+        attempts, wait = result.get("attempts", 1), result.get("wait_ms")
+        if not isinstance(attempts, int) or isinstance(attempts, bool):
+            raise InvalidInput("result.attempts must be a whole number")
+        _count(attempts, "result.attempts", MAX_ATTEMPTS)
+        if wait is not None and (
+            not isinstance(wait, int | float)
+            or isinstance(wait, bool)
+            or not 0 <= wait <= MAX_WAIT_MS
+        ):
+            raise InvalidInput(f"result.wait_ms must be milliseconds, at most {MAX_WAIT_MS:,}")
     try:
         reported = Result.from_dict(result)
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
         return result, None  # not a result: the guard stops it as bad_result
-    attempts, wait = result.get("attempts", 1), reported.wait_ms
-    if not isinstance(attempts, int) or isinstance(attempts, bool):
-        raise InvalidInput("result.attempts must be a whole number")
-    _count(attempts, "result.attempts", MAX_ATTEMPTS)
-    if wait is not None and (
-        not isinstance(wait, int | float) or isinstance(wait, bool) or not 0 <= wait <= MAX_WAIT_MS
-    ):
-        raise InvalidInput(f"result.wait_ms must be milliseconds, at most {MAX_WAIT_MS:,}")
     return reported, None
 
 
@@ -1063,7 +1096,9 @@ def _inspector(evidence: Any) -> Any:
     if not isinstance(evidence, Mapping):
         raise InvalidInput('evidence is {"revision", "done", "committed"}')
     if "error" in evidence:
-        failure = str(evidence["error"])[:500]
+        if not isinstance(evidence["error"], str):
+            raise InvalidInput('evidence.error must say, as a string, what the inspector raised')
+        failure = _text(evidence["error"], "evidence.error")
 
         def failed(_result: Any, _call: Any) -> Evidence:
             raise ValueError(f"the client's inspector failed: {failure}")
@@ -1076,11 +1111,19 @@ def _inspector(evidence: Any) -> Any:
         evidence.get("done", False),
         evidence.get("committed"),
     )
-    if isinstance(revision, int) and abs(revision) > MAX_REVISION:
+    # Malformed evidence is the client's error (400), not the guard's verdict on evidence it
+    # cannot trust: that one is for an inspector that raised (above).
+    if not isinstance(revision, int) or isinstance(revision, bool):
+        raise InvalidInput("evidence.revision must be a whole number")
+    if abs(revision) > MAX_REVISION:
         raise InvalidInput(f"evidence.revision must be at most {MAX_REVISION:,}")
+    if not isinstance(done, bool):
+        raise InvalidInput("evidence.done must be true or false")
+    if not (committed is None or isinstance(committed, bool)):
+        raise InvalidInput("evidence.committed must be true, false or null")
 
     def inspect(_result: Any, _call: Any) -> Evidence:
-        return Evidence(revision, done, committed)  # type: ignore[arg-type]  # the guard checks it
+        return Evidence(revision, done, committed)
 
     return inspect
 
@@ -1093,9 +1136,22 @@ def _count(value: Any, what: str, most: int) -> int:
     return value
 
 
-def _text(value: Any, what: str) -> str:
+def _text(value: Any, what: str, most: int = MAX_TEXT_CHARS) -> str:
+    """Words a client reports (an error's message, a detail, evidence), refused rather than
+    cut when longer than ``most``: the stop report and the trace say what was sent."""
     if value is None:
         return ""
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be a string")
-    return value[:2000]
+    if len(value) > most:
+        raise InvalidInput(f"{what} is {len(value):,} characters long: at most {most:,} are taken")
+    return value
+
+
+def _bounded(value: Any, what: str, most_bytes: int) -> None:
+    """Refuse a value that would be stored other than it was sent (cut below the depth the
+    redaction keeps) or is larger than its bound (:mod:`console.inputs`)."""
+    try:
+        check_bounded(value, what=what, most_bytes=most_bytes)
+    except InputRefused as exc:
+        raise InvalidInput(str(exc)) from None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
@@ -53,9 +52,10 @@ class ResolveForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3}),
         help_text="A reference in the business system, or a note on how you checked.",
     )
+    # No length of its own: the service bounds a result as JSON (MAX_RESULT_BYTES) for every
+    # door, so that a form and the API refuse the same result in the same words.
     result = forms.CharField(
         required=False,
-        max_length=20_000,
         widget=forms.Textarea(attrs={"rows": 3}),
         help_text="If it happened and you know the result, as JSON (optional).",
     )
@@ -208,11 +208,13 @@ class StartForm(forms.Form):
 
 
 def _parsed(text: str) -> Any:
-    """``text`` as JSON, or ``None`` when it is not JSON (whitespace and key order aside,
-    two inputs are the same when their values are)."""
+    """``text`` as JSON, or ``None`` when it is not JSON or nests deeper than any input may
+    (whitespace and key order aside, two inputs are the same when their values are). Read
+    through :func:`~console.inputs.load_json`: this runs on every form shown again, the
+    refused ones included, and ``json.loads`` alone recurses once per bracket."""
     try:
-        return json.loads(text)
-    except ValueError:
+        return load_json(text)
+    except InputRefused:
         return None
 
 

@@ -46,6 +46,36 @@ MAX_NUMBER_CHARS = 1000
 MAX_KEY_CHARS = 200
 """The longest operation key there can be (``Operation.key``'s column)."""
 
+# The bounds of what a request may carry, one per field and the same at every door (the
+# console's forms, the JSON API, the step protocol): docs/protocol.md and docs/api.md say
+# them. A value beyond its bound is refused, never cut: a cut key names another business
+# action, a cut argument is another call, a cut result is not what the tool returned.
+MAX_AGENT_CHARS = 100
+"""The longest agent name (``Task.agent``'s column)."""
+
+MAX_NAME_CHARS = 200
+"""The longest client, tool name or error type (``Task.client``'s and the tool columns)."""
+
+MAX_REQUEST_ID_CHARS = 100
+"""The longest request id of the step protocol (``StepRequest.request_id``'s column)."""
+
+MAX_LEASE_CHARS = 200
+"""The longest lease of the step protocol (``Task.lease_owner``'s column)."""
+
+MAX_INPUT_BYTES = 64 * 1024
+"""The largest task input, as JSON encoded in UTF-8."""
+
+MAX_ARGS_BYTES = 64 * 1024
+"""The largest arguments of one tool call, as JSON encoded in UTF-8: what a model proposes
+for one call is a few hundred bytes; every step's checkpoint carries its calls' arguments."""
+
+MAX_RESULT_BYTES = 256 * 1024
+"""The largest result of one tool call (its ``data`` with it), as JSON encoded in UTF-8:
+stored with the operation and handed to the agent again, so bounded well within a body."""
+
+MAX_ANSWER_BYTES = 256 * 1024
+"""The largest final answer of a finish, as JSON encoded in UTF-8."""
+
 # A JSON string (escapes included), or one bracket outside strings. The string branch is
 # written as an unrolled loop so that a long string is one linear match.
 _TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
@@ -155,6 +185,32 @@ def check_kept(value: Any, *, what: str) -> None:
         raise InputRefused(problem, what=what)
 
 
+def check_bounded(value: Any, *, what: str, most_bytes: int) -> None:
+    """Refuse ``value`` (:class:`InputRefused`) if it nests deeper than :data:`KEPT_DEPTH`
+    or is larger than ``most_bytes`` as JSON: for a value that is stored and handed back as
+    it was sent (a call's arguments, a result, an answer), where a cut would change it."""
+    check_kept(value, what=what)
+    size = json_size(value)
+    if size > most_bytes:
+        problem = (
+            f"larger than {most_bytes // 1024} KiB as JSON ({size:,} bytes): at most "
+            f"{most_bytes:,} bytes are taken"
+        )
+        raise InputRefused(problem, what=what)
+
+
+def json_size(value: Any) -> int:
+    """How many bytes ``value`` takes as compact JSON in UTF-8: the measure of every size
+    bound here. Call it on a value that nests within :data:`MAX_DEPTH` (the encoder
+    recurses); text that cannot be stored is counted as it stands (another check refuses
+    it)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InputRefused(f"not JSON ({exc})") from None
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 def _deeper_than(value: Any, limit: int) -> bool:
     """Whether an item of ``value`` lies below more than ``limit`` levels: the rule the
     redaction cuts by (and :func:`unstorable`'s ``max_depth``), so an empty ``{}`` at the last
@@ -172,19 +228,28 @@ def _deeper_than(value: Any, limit: int) -> bool:
 
 
 MAX_TEXT_CHARS = 4000
-"""What is kept of text a person types (a reason, evidence, a note)."""
+"""The longest free text taken: what a person types (a reason, evidence, an override) and
+what a client reports in words (an error's message, a stop's detail, a lookup's or a failed
+inspector's evidence)."""
 
 
 def typed_text(text: str, *, what: str) -> str:
     """Text a person typed, as it is stored: trimmed; refused (:class:`InputRefused`) if it
-    holds what cannot be stored (a NUL, a lone surrogate); secrets masked before the
-    :data:`MAX_TEXT_CHARS` cut, so a cut cannot leave a secret's tail unrecognised."""
+    holds what cannot be stored (a NUL, a lone surrogate) or is longer than
+    :data:`MAX_TEXT_CHARS` (the console's forms refuse it too: one rule at every door);
+    secrets masked."""
     if not text:
         return ""
     problem = text_problem(text)
     if problem is not None:
         raise InputRefused(f"{what} cannot be stored: it {problem}")
-    return redact_text(text.strip())[:MAX_TEXT_CHARS].strip()
+    text = text.strip()
+    if len(text) > MAX_TEXT_CHARS:
+        raise InputRefused(
+            f"{what} is {len(text):,} characters long: at most {MAX_TEXT_CHARS:,} are taken"
+        )
+    # A mask may be longer than the secret it hides: the stored text stays within the bound.
+    return redact_text(text)[:MAX_TEXT_CHARS].strip()
 
 
 def text_problem(text: str) -> str | None:
@@ -283,13 +348,26 @@ def _finite_float(text: str) -> float:
 
 __all__ = [
     "KEPT_DEPTH",
+    "MAX_AGENT_CHARS",
+    "MAX_ANSWER_BYTES",
+    "MAX_ARGS_BYTES",
     "MAX_DEPTH",
+    "MAX_INPUT_BYTES",
+    "MAX_KEY_CHARS",
+    "MAX_LEASE_CHARS",
+    "MAX_NAME_CHARS",
+    "MAX_REQUEST_ID_CHARS",
+    "MAX_RESULT_BYTES",
+    "MAX_TEXT_CHARS",
     "InputRefused",
+    "check_bounded",
     "check_kept",
     "depth",
+    "json_size",
     "key_problem",
     "load_json",
     "text_depth",
     "text_problem",
+    "typed_text",
     "unstorable",
 ]

@@ -23,11 +23,12 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from guard import Limits, Reason, Report, Result, State, Usage
+from guard import Kind, Limits, Reason, Report, Result, State, Usage
 from guard import OperationState as EntryState
 from guard.steps import DIMENSIONS, OPERATION_MOVES
 from guard.steps import Operation as Entry
@@ -38,6 +39,8 @@ from .models import (
     RESUMABLE_STATES,
     TERMINAL_STATES,
     Approval,
+    AuditAction,
+    AuditEntry,
     EventKind,
     NoticeKind,
     NotificationEvent,
@@ -409,18 +412,32 @@ def start_drive(task_id: int, owner: str, *, lease_seconds: float) -> Task | str
     return task
 
 
-def recover(task: Task, *, why: str) -> bool:
+def recover(task: Task, *, why: str, found: Mapping[str, Mapping[str, Any]] | None = None) -> bool:
     """A driver of ``task`` is gone. Settle what it left behind; True if the task may go on.
 
     Its ``IN_FLIGHT`` operations are lost (``OPERATION_MOVES["lose"]``: ``UNKNOWN``): they
-    may or may not have happened and are never run again; the task then stops for a human
-    (an attached task waits for its client first, which may settle them by a lookup).
+    may or may not have happened and are never run again. ``found`` is what their tools'
+    lookups said of them, by operation key, asked before this transaction (a lookup is I/O
+    on the business system: ``console.runner`` asks it outside any transaction), in the
+    shape of :func:`settle_by_lookup`'s ``found``; each answer that settles its write moves
+    it on from ``UNKNOWN`` (:func:`settle_by_lookup`, with its history and audit entry).
+    A write left ``UNKNOWN`` stops the task for a human (an attached task waits for its
+    client first, which may settle them by its own lookup).
     Call inside a transaction holding the task row.
     """
     stranded = _lose_in_flight(task, why=why)
     task.recoveries += 1
     Task.objects.filter(id=task.id).update(recoveries=F("recoveries") + 1)
-    logger.warning("task %s recovered (%s): %d write(s) now UNKNOWN", task.id, why, len(stranded))
+    answers = found or {}
+    said = {op.key: answers[op.key] for op in stranded if op.key in answers}
+    unsettled = [op for op in stranded if not settle_by_lookup(op, said.get(op.key), task=task)]
+    logger.warning(
+        "task %s recovered (%s): %d write(s) lost, %d settled by a lookup",
+        task.id,
+        why,
+        len(stranded),
+        len(stranded) - len(unsettled),
+    )
     # An attached task's client may come back and settle them with its tool's own lookup
     # before anyone is paged (docs/protocol.md, "Coming back"): it waits for its client,
     # QUEUED, until it returns or is given up on (client_lost), unless asked to stop.
@@ -429,9 +446,14 @@ def recover(task: Task, *, why: str) -> bool:
         and task.stop_requested_at is None
         and task.recoveries <= settings.LOOPGUARD_MAX_RECOVERIES
     )
-    if stranded and not waits_for_client:
-        keys = ", ".join(op.key for op in stranded)
+    if unsettled and not waits_for_client:
+        keys = ", ".join(op.key for op in unsettled)
         detail = f"{why}; in flight when it stopped: {keys}"
+        told = "; ".join(
+            f"{key}: {_told(said[key])}" for key in (op.key for op in unsettled) if key in said
+        )
+        if told:
+            detail += f" (the lookup: {told})"
         report = report_from_task(task, State.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT, detail)
         finish_task(task, State.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT, report.to_dict(), detail=detail)
         return False
@@ -445,6 +467,116 @@ def recover(task: Task, *, why: str) -> bool:
         finish_task(task, State.FAILED, Reason.EXECUTOR_ERROR, report.to_dict(), detail=detail)
         return False
     return True
+
+
+RECOVERY_ACCOUNT = "loopguard-recovery"
+"""The user the console's recovery acts as in the audit log when a tool's lookup settles a
+lost write (:func:`recovery_actor`). Nobody signs in as it: it has no usable password, is
+not active and holds no role."""
+
+
+def recovery_quiet_seconds() -> float:
+    """How long a lost driver must have been silent (since its lease ran out) before its
+    write may be settled ``NOT_COMMITTED`` from a lookup: ``LOOPGUARD_RECOVERY_QUIET_SECONDS``,
+    by default three leases (``LOOPGUARD_LEASE_SECONDS``)."""
+    raw = getattr(settings, "LOOPGUARD_RECOVERY_QUIET_SECONDS", None)
+    if raw is None:
+        return 3 * float(settings.LOOPGUARD_LEASE_SECONDS)
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 <= raw < math.inf:
+        raise ImproperlyConfigured(
+            f"LOOPGUARD_RECOVERY_QUIET_SECONDS={raw!r} must be a number of seconds ≥ 0"
+        )
+    return float(raw)
+
+
+def quiet_since(task: Task) -> bool:
+    """Whether the driver that lost ``task`` has been silent long enough that it cannot
+    still be inside its write (:func:`recovery_quiet_seconds` since its lease ran out).
+
+    Why it matters: a lease runs out when its driver is dead, but also when it is frozen or
+    cut off from the database while its tool still reaches the business system. Such a
+    driver may still make the write after a lookup found nothing; "not committed" then
+    lets the write be claimed again, and it would happen twice (unless the business system
+    refuses a second action under the operation key). "Committed" is safe at any time.
+    """
+    expired = task.lease_expires_at
+    if expired is None:
+        return False
+    silent = (timezone.now() - expired).total_seconds()
+    return silent >= recovery_quiet_seconds()
+
+
+def recovery_actor() -> User | None:
+    """The service account (:data:`RECOVERY_ACCOUNT`) an automatic settle is audited as,
+    created on first use; ``None`` (and an error logged) when a person's account holds that
+    name, which must not be made to say what a lookup said."""
+    from django.contrib.auth.hashers import make_password
+
+    user, _ = User.objects.get_or_create(
+        username=RECOVERY_ACCOUNT,
+        defaults={"is_active": False, "password": make_password(None)},
+    )
+    if user.is_active or user.has_usable_password():
+        logger.error(
+            "the user %r can sign in: it is not the console's recovery account, so no lost "
+            "write is settled automatically in its name",
+            RECOVERY_ACCOUNT,
+        )
+        return None
+    return user
+
+
+def settle_by_lookup(op: Operation, found: Mapping[str, Any] | None, *, task: Task) -> bool:
+    """Settle ``op``, a write of ``task`` its lost driver left ``UNKNOWN``, from what its
+    tool's lookup ``found`` (``committed`` True or False, ``evidence``, ``result``: a
+    ``Result`` as a dict; or an ``error``); True if it moved.
+
+    ``committed`` True is ``settle_committed`` with the lookup's result (what the task's
+    next request for the write reuses); False is ``settle_not_committed`` (the write may be
+    claimed again, and that claim asks the lookup once more first), only once the driver is
+    :func:`quiet_since` long enough; anything else settles nothing. Each move is a
+    conditional update with its history row and an audit entry (by :func:`recovery_actor`,
+    with the lookup's answer) in the caller's transaction; a move someone made first
+    (a reconciler) is theirs: this one backs off. Holding the task row."""
+    if found is None or found.get("committed") not in (True, False):
+        return False
+    committed = found["committed"] is True
+    if not committed and not quiet_since(task):
+        return False
+    actor = recovery_actor()
+    if actor is None:
+        return False
+    said = str(found.get("evidence") or ("found" if committed else "not found"))
+    evidence = redact_text(f"the tool's lookup, after its driver was lost: {said}")[:2000]
+    result = found.get("result") if committed else None
+    if committed and not isinstance(result, Mapping):
+        result = Result(Kind.SUCCESS).to_dict()
+    move = "settle_committed" if committed else "settle_not_committed"
+    before = op.state
+    try:
+        operation_move(op, move, task_id=task.id, actor=actor, evidence=evidence, result=result)
+    except LostRace:
+        logger.info("operation %s was settled by someone else first", op.key)
+        return False
+    AuditEntry.objects.create(
+        actor=actor,
+        action=AuditAction.MARK_COMMITTED if committed else AuditAction.MARK_NOT_COMMITTED,
+        task_id=task.id,
+        operation=op,
+        reason=f"settled automatically by the tool's lookup: {said}"[:2000],
+        before={"state": before},
+        after={"state": op.state, "by": "lookup", "lookup": dict(redact(dict(found)))},
+    )
+    return True
+
+
+def _told(found: Mapping[str, Any]) -> str:
+    """What a lookup said, in a stop report's detail."""
+    if found.get("error"):
+        return str(found["error"])[:200]
+    if found.get("committed") is None:
+        return "it cannot tell"
+    return "not found, but its driver may still be running it"
 
 
 def _lose_in_flight(task: Task, *, why: str) -> list[Operation]:
@@ -610,6 +742,7 @@ def resume(
 
 
 __all__ = [
+    "RECOVERY_ACCOUNT",
     "TASK_MOVES",
     "LostRace",
     "add_summary",
@@ -623,11 +756,15 @@ __all__ = [
     "limits_of",
     "lose_client",
     "operation_move",
+    "quiet_since",
     "recover",
+    "recovery_actor",
+    "recovery_quiet_seconds",
     "report_from_task",
     "request_stop",
     "requeue",
     "resume",
+    "settle_by_lookup",
     "start_drive",
     "usage_of",
 ]

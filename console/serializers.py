@@ -26,8 +26,15 @@ from django.urls import reverse
 from . import selectors
 from .inputs import (
     KEPT_DEPTH,
+    MAX_ANSWER_BYTES,
     MAX_DEPTH,
+    MAX_LEASE_CHARS,
+    MAX_NAME_CHARS,
+    MAX_REQUEST_ID_CHARS,
+    MAX_RESULT_BYTES,
+    MAX_TEXT_CHARS,
     InputRefused,
+    check_bounded,
     check_kept,
     text_problem,
     unstorable,
@@ -222,11 +229,19 @@ def choice_input(name: str, values: Sequence[str], description: str) -> Field:
     return Field(name, one_of(values), description, read)
 
 
-def any_input(name: str, description: str, *, kept: bool = False) -> Field:
-    """Any JSON value, taken as it is (``kept``: as for :func:`object_input`)."""
+def any_input(
+    name: str, description: str, *, kept: bool = False, most_bytes: int | None = None
+) -> Field:
+    """Any JSON value, taken as it is (``kept``: as for :func:`object_input`; with
+    ``most_bytes`` also at most that large as JSON, :func:`console.inputs.check_bounded`)."""
 
     def read(value: Any) -> Any:
-        _storable(name, value, kept=kept)
+        _storable(name, value, kept=kept or most_bytes is not None)
+        if most_bytes is not None and value is not None:
+            try:
+                check_bounded(value, what=name, most_bytes=most_bytes)
+            except InputRefused as exc:
+                raise InvalidInput(str(exc)) from None
         return value
 
     return Field(name, {}, description, read, required=False)
@@ -243,6 +258,24 @@ def _storable(name: str, value: Any, *, kept: bool) -> None:
     problem = unstorable(value, what=name)
     if problem is not None:
         raise InvalidInput(problem)
+
+
+def label_input(name: str, description: str) -> Field:
+    """A name shown with what it names (a client), required: 1 to
+    :data:`console.inputs.MAX_NAME_CHARS` printable characters, refused rather than cut (a
+    cut name would name something else)."""
+
+    def read(value: Any) -> str:
+        if (
+            not isinstance(value, str)
+            or not 0 < len(value.strip()) <= MAX_NAME_CHARS
+            or not value.isprintable()
+        ):
+            raise InvalidInput(f"{name} must be 1 to {MAX_NAME_CHARS} printable characters")
+        return value
+
+    schema = {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS}
+    return Field(name, schema, description, read)
 
 
 @dataclass(frozen=True)
@@ -611,7 +644,7 @@ START_TASK = Body("StartTask", "A task to start.", (
     ),
     object_input("limits", "budgets to use instead of the defaults (guard.Limits' fields)"),
     text_input(
-        "reason", "why, for the audit log: optional, at most 4,000 characters are kept; "
+        "reason", f"why, for the audit log: optional, at most {MAX_TEXT_CHARS:,} characters; "
         "when empty the audit entry names the token",
     ),
 ))
@@ -649,8 +682,8 @@ RESOLVE_OPERATION = Body("ResolveOperation", "What the business system shows.", 
     text_input("evidence", "what was checked, for the audit log (required)", required=True),
     any_input(
         "result", "with committed: true, the result the tool would have returned; at most "
-        f"{KEPT_DEPTH} levels deep",
-        kept=True,
+        f"{KEPT_DEPTH} levels deep and {MAX_RESULT_BYTES // 1024} KiB as JSON",
+        most_bytes=MAX_RESULT_BYTES,
     ),
     text_input(
         "override", "with committed: false, why the person knows better than the tool's "
@@ -668,8 +701,9 @@ def _member(name: str, schema: Schema, description: str, *, required: bool = Fal
 
 
 def _printable_id(name: str, description: str) -> Field:
-    """1 to 100 (a lease: 200) printable ASCII characters, required."""
-    longest = 200 if name == "lease" else 100
+    """1 to :data:`~console.inputs.MAX_REQUEST_ID_CHARS` (a lease:
+    :data:`~console.inputs.MAX_LEASE_CHARS`) printable ASCII characters, required."""
+    longest = MAX_LEASE_CHARS if name == "lease" else MAX_REQUEST_ID_CHARS
 
     def read(value: Any) -> str:
         if (
@@ -685,7 +719,8 @@ def _printable_id(name: str, description: str) -> Field:
 
 
 def _protocol_version(value: Any) -> int:
-    if value != 1 or isinstance(value, bool):
+    # The integer 1 only: in Python 1.0 and True are equal to 1, yet neither is the version.
+    if type(value) is not int or value != 1:
         raise ProtocolVersion(
             "protocol must be 1: this console speaks version 1 of the step protocol"
         )
@@ -708,13 +743,19 @@ _LEASE = _printable_id("lease", "who drives the task: one value per client proce
 ATTACH_TASK = Body("AttachTask", "An attached task to create, driven by the caller.", (
     _PROTOCOL, _REQUEST_ID, _LEASE,
     text_input("agent", "what the agent is called on the console's pages", required=True),
-    text_input("client", "what drives it, shown with the task (e.g. langchain/1.2)", required=True),
+    label_input(
+        "client",
+        f"what drives it, shown with the task (e.g. langchain/1.2): 1 to {MAX_NAME_CHARS} "
+        "printable characters",
+    ),
     object_input("tools", 'every tool the agent may call: name -> "read" or "write"'),
     object_input(
         "input", f"the task's goal, stored redacted; at most {KEPT_DEPTH} levels deep", kept=True
     ),
     object_input("limits", "budgets to use instead of the defaults (guard.Limits' fields)"),
-    text_input("reason", "why, for the audit log (optional)"),
+    text_input(
+        "reason", f"why, for the audit log (optional, at most {MAX_TEXT_CHARS:,} characters)"
+    ),
 ))
 
 STEP = Body("Step", "One step of an attached task (docs/protocol.md: each step's fields).", (
@@ -730,7 +771,11 @@ STEP = Body("Step", "One step of an attached task (docs/protocol.md: each step's
         "answer decides its entry too (action, result), as a call step would",
     ),
     any_input("ticket", "call, result: the number of an admitted call"),
-    any_input("result", "result: what the tool returned, {kind, data?, wait_ms?, attempts?}"),
+    any_input(
+        "result", "result: what the tool returned, {kind, data?, wait_ms?, attempts?}; at most "
+        f"{KEPT_DEPTH} levels deep and {MAX_RESULT_BYTES // 1024} KiB as JSON",
+        most_bytes=MAX_RESULT_BYTES,
+    ),
     any_input("error", "result: what the tool raised instead, {type, message, transient}"),
     any_input(
         "lookup", "result, for a call a lost client left running (interrupted): what the "
@@ -744,7 +789,11 @@ STEP = Body("Step", "One step of an attached task (docs/protocol.md: each step's
         "then", 'result: with the last result of a model call, "wait" (answer the wait too) or '
         '"model" (and, when there is none, allow the next model call, reserving reserve)',
     ),
-    any_input("answer", "finish: the model's answer"),
+    any_input(
+        "answer", f"finish: the model's answer; at most {KEPT_DEPTH} levels deep and "
+        f"{MAX_ANSWER_BYTES // 1024} KiB as JSON",
+        most_bytes=MAX_ANSWER_BYTES,
+    ),
     any_input("state", "halt: the terminal state"),
     any_input("reason", "halt: the reason, in the guard's words"),
     any_input("detail", "halt: more about it; failed: use error"),

@@ -9,7 +9,6 @@ not what the person saw (someone else acted first). Workers are enqueued on comm
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -29,8 +28,14 @@ from . import lifecycle
 from .agents import UnknownAgent, agent_class
 from .inputs import (
     KEPT_DEPTH,
+    MAX_AGENT_CHARS,
+    MAX_INPUT_BYTES,
+    MAX_NAME_CHARS,
+    MAX_RESULT_BYTES,
     MAX_TEXT_CHARS,
     InputRefused,
+    check_bounded,
+    json_size,
     key_problem,
     typed_text,
     unstorable,
@@ -52,7 +57,6 @@ from .spend import price_of
 
 logger = logging.getLogger(__name__)
 
-MAX_INPUT_BYTES = 64 * 1024
 # The budget each stop reason says ran out, and the budgets a resumption may grant.
 # A budget that does not stop a task when spent (the exploration budget) names no reason.
 BUDGET_REASONS = {d.reason.value: d.limit for d in DIMENSIONS if d.stops}
@@ -131,8 +135,12 @@ def attached_tools(tools: Mapping[str, str] | None) -> dict[str, str]:
     if len(tools) > MAX_TOOLS:
         raise InvalidInput(f"tools names more than {MAX_TOOLS} tools")
     for name, effect in tools.items():
-        if not isinstance(name, str) or not 0 < len(name) <= 200 or not name.isprintable():
-            raise InvalidInput("a tool's name is 1 to 200 printable characters")
+        if (
+            not isinstance(name, str)
+            or not 0 < len(name) <= MAX_NAME_CHARS
+            or not name.isprintable()
+        ):
+            raise InvalidInput(f"a tool's name is 1 to {MAX_NAME_CHARS} printable characters")
         if effect not in ("read", "write"):
             raise InvalidInput(f'tools.{name} must be "read" or "write"')
     return dict(tools)
@@ -140,8 +148,8 @@ def attached_tools(tools: Mapping[str, str] | None) -> dict[str, str]:
 
 def agent_name_problem(name: str) -> str | None:
     """Why ``name`` cannot name an attached agent, or ``None``."""
-    if not 0 < len(name) <= 100 or not set(name) <= _NAME_CHARS:
-        return "agent must be 1 to 100 letters, digits, dots, underscores or hyphens"
+    if not 0 < len(name) <= MAX_AGENT_CHARS or not set(name) <= _NAME_CHARS:
+        return f"agent must be 1 to {MAX_AGENT_CHARS} letters, digits, dots, underscores or hyphens"
     return None
 
 
@@ -170,6 +178,10 @@ def task_start(
     reason = _optional(reason)
     cls = None
     if client:
+        # Refused rather than cut: the column holds MAX_NAME_CHARS, and a cut name would
+        # show another client than the one that drives the task.
+        if len(client) > MAX_NAME_CHARS or not client.isprintable():
+            raise InvalidInput(f"client must be 1 to {MAX_NAME_CHARS} printable characters")
         tools = attached_tools(tools)
     else:
         try:
@@ -182,11 +194,13 @@ def task_start(
     if problem is not None:
         raise InvalidInput(f"the input cannot be stored: {problem}")
     try:
-        encoded = json.dumps(input, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"the input is not JSON: {exc}") from exc
-    if len(encoded.encode()) > MAX_INPUT_BYTES:
-        raise InvalidInput(f"the input is larger than {MAX_INPUT_BYTES // 1024} KiB")
+        size = json_size(input)
+    except InputRefused as exc:
+        raise InvalidInput(f"the input is {exc}") from exc
+    if size > MAX_INPUT_BYTES:
+        raise InvalidInput(
+            f"the input is larger than {MAX_INPUT_BYTES // 1024} KiB as JSON ({size:,} bytes)"
+        )
     try:
         if cls is not None:
             cls.validate_input(input)
@@ -409,6 +423,10 @@ def _settle(
         problem = unstorable(result, what="result", max_depth=KEPT_DEPTH)
         if problem is not None:
             raise InvalidInput(f"the result cannot be stored: {problem}")
+        try:
+            check_bounded(result, what="the result", most_bytes=MAX_RESULT_BYTES)
+        except InputRefused as exc:
+            raise InvalidInput(str(exc)) from None
     if key_problem(key) is not None:
         raise NotFound(f"there is no operation {key!r}")  # no stored key holds such text
     with transaction.atomic():

@@ -917,7 +917,8 @@ class RemoteGuard:
             if self._report is not None:
                 return self._report
             return self._final(
-                "halt", {"state": str(state), "reason": str(reason), "detail": str(detail)}
+                "halt",
+                {"state": str(state), "reason": str(reason), "detail": str(detail)[:_TEXT_LIMIT]},
             )
 
     # -- closing ---------------------------------------------------------------------------

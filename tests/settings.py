@@ -22,6 +22,7 @@ LOOPGUARD_MODEL_NAME = "test-model"
 LOOPGUARD_MODEL_RETRIES = 0
 # Short leases so that crash recovery happens within a test's patience.
 LOOPGUARD_LEASE_SECONDS = 2.0
+LOOPGUARD_RECOVERY_QUIET_SECONDS = 3 * LOOPGUARD_LEASE_SECONDS  # as the default reads it
 # An attached client's: long enough for a test's steps through the test client; the tests
 # of a client that vanishes shorten it.
 LOOPGUARD_ATTACHED_LEASE_SECONDS = 10.0

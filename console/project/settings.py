@@ -436,6 +436,15 @@ LOOPGUARD_ATTACHED_CLIENT_LOST_SECONDS = env_float("LOOPGUARD_ATTACHED_CLIENT_LO
 LOOPGUARD_SWEEP_SECONDS = env_float("LOOPGUARD_SWEEP_SECONDS", 10.0)
 LOOPGUARD_REQUEUE_AFTER_SECONDS = env_float("LOOPGUARD_REQUEUE_AFTER_SECONDS", 120.0)
 LOOPGUARD_MAX_RECOVERIES = env_int("LOOPGUARD_MAX_RECOVERIES", 3)
+# Before a person is paged for a write a lost driver left in flight, its tool's lookup is
+# asked, outside any transaction: this many tries, within this many seconds for one write.
+LOOPGUARD_RECOVERY_LOOKUP_TRIES = env_int("LOOPGUARD_RECOVERY_LOOKUP_TRIES", 3)
+LOOPGUARD_RECOVERY_LOOKUP_SECONDS = env_float("LOOPGUARD_RECOVERY_LOOKUP_SECONDS", 10.0)
+# A lookup's "not committed" lets the write run again only once the lost driver has been
+# silent this long (a frozen worker may still be about to make it): three leases.
+LOOPGUARD_RECOVERY_QUIET_SECONDS = env_float(
+    "LOOPGUARD_RECOVERY_QUIET_SECONDS", 3 * LOOPGUARD_LEASE_SECONDS
+)
 # The runner prepares its few fixed statements (console/statements.py); off for poolers
 # that cannot keep prepared statements.
 LOOPGUARD_PREPARED_STATEMENTS = env_bool("LOOPGUARD_PREPARED_STATEMENTS", True)

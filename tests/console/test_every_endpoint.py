@@ -5,9 +5,11 @@ The endpoints come from the URL conf itself (``get_resolver()``, walked through 
 adding it here. For each route the test fills its path parameters with a real object's id or
 key, an unknown one and malformed ones; sends GET and POST (a view that does not answer a
 method says so with a 405); as every persona, anonymously and with a bad token; and with the
-classes of input an outside probe sends: JSON nested 600 levels deep, NaN and Infinity, NUL
-characters, lone surrogates, megabyte strings, values of the wrong type, empty and broken
-bodies, dates at the edges of the calendar and odd query strings.
+classes of input an outside probe sends: JSON nested 600 and 50,000 levels deep, NaN and
+Infinity, NUL characters, lone surrogates, megabyte strings, values of the wrong type, empty
+and broken bodies, dates at the edges of the calendar and odd query strings. The attached
+API's bodies are also sent field by field, nested fields included, from the driver of an
+attached task at the point of its conversation where each step fits (the last section).
 
 Nothing sent here is valid for an action (a required field is always missing or wrong;
 forms and bodies are also sent filled validly but for one field, so that the bad value is
@@ -36,12 +38,12 @@ from django.conf import settings
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.models import User
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.resolvers import RegexPattern
 
-from console import attached, openapi, runner, services
+from console import attached, inputs, openapi, runner, services
 from console.demo.desk import seed_demo_data
 from console.forms import ApprovalForm, BulkForm, ResolveForm, ResumeForm, StartForm, StopForm
 from console.models import (
@@ -61,6 +63,7 @@ from .views.support import PERSONAS, finish, unknown_operation
 pytestmark = pytest.mark.django_db
 
 KEY = "order/42/refund"  # a slash, as real keys have
+ATTACHED_TOOLS = {"lookup": "read", "refund": "write"}
 # The live lease of an attached task: its driver's credential, which no answer to anyone
 # else may show (not in an error, a page, an API field).
 LEASE = "walker-host:1:lease-nobody-else-may-see"
@@ -136,6 +139,7 @@ class World:
     channel_id: int = 0  # a notification channel (a webhook nobody listens to)
     approval_id: int = 0  # a refund held for a person's approval
     attached_id: int = 0  # an attached task driven by someone who is no persona, by LEASE
+    driver_secret: str = ""  # an API token of the person driving it
 
 
 @pytest.fixture(scope="module")
@@ -180,12 +184,13 @@ def world(django_db_setup: None, django_db_blocker: Any) -> Iterator[World]:
         assign(driver, (Role.AGENT,))
         drove, _ = attached.attached_start(
             actor=driver, request_id="walker", lease=LEASE, agent="walker-bot",
-            client="walker/1", tools={"lookup": "read"}, fingerprint="walker",
+            client="walker/1", tools=ATTACHED_TOOLS, fingerprint="walker",
         )  # fmt: skip
+        driver_secret = api_token_issue(user=driver, name="every-endpoint")[1]
         try:
             yield World(
                 queued, stopped, uncertain, op, users, secrets, channel.id, held.id,
-                attached_id=drove["task"],
+                attached_id=drove["task"], driver_secret=driver_secret,
             )  # fmt: skip
         finally:
             call_command("flush", interactive=False, verbosity=0)
@@ -343,6 +348,9 @@ TEXT_CLASSES = {
 JSON_CLASSES = {
     "deep-600": brackets(600),
     "deep-600-object": nested_object(600),
+    # Deeper than Python's recursion limit: anything that walks it before the bracket scan
+    # (json.loads included) fails with a RecursionError.
+    "deep-50000": brackets(50_000),
     "deeper-than-kept": '{"a": ' + brackets(21) + "}",
     "nan": '{"x": NaN}',
     "bare-nan": "NaN",
@@ -401,6 +409,7 @@ JSON_BAD = {  # bad whatever the field: not a value, too deep, or not storable
     for label in (
         "deep-600",
         "deep-600-object",
+        "deep-50000",
         "deeper-than-kept",
         "nan",
         "bare-nan",
@@ -458,6 +467,7 @@ def one_bad_field(form_class: type[forms.Form], agent: str) -> Iterator[tuple[st
 API_VALUES = {
     "deep-600": brackets(600),
     "deep-600-object": nested_object(600),
+    "deep-50000": brackets(50_000),
     "deeper-than-kept": '{"a": ' + brackets(21) + "}",
     "nan": "NaN",
     "infinity": "Infinity",
@@ -480,6 +490,7 @@ API_VALUES = {
 UNIVERSALLY_BAD = (
     "deep-600",
     "deep-600-object",
+    "deep-50000",
     "deeper-than-kept",
     "nan",
     "infinity",
@@ -777,3 +788,289 @@ def test_every_routed_endpoint_is_swept() -> None:
     assert {"tasks", "task-stop", "operation-lookup", "audit-export", "login"} <= names
     assert {"api:tasks", "api:task-resume", "api:operation-resolve", "api:openapi"} <= names
     assert any(route.api and "<rest>" in route.template for route in ROUTES)
+
+
+# -- the attached API, field by field ----------------------------------------------------------
+#
+# The sweep above sends each top-level field of a body a bad value, but an attached step
+# reaches its driver only from the task's own person, at a point of the conversation where
+# the step fits, and most of what it carries is nested (a call's tool, its arguments, a
+# result's data). So here each body is valid and would act, from the task's driver at the
+# point it fits, but for exactly one field, at any depth, holding one bad value of its
+# kind; and the valid body is then sent to prove it would have acted.
+
+DRIVER = "walker-host:1:lease-nobody-else-may-see"
+assert DRIVER == LEASE  # the world's attached task is driven by this lease
+WRITE = {
+    "tool": "refund",
+    "args": {"order": 42, "note": "x"},
+    "effect": "write",
+    "operation_key": "walker/42/refund",
+}
+SETUP_STEPS: dict[str, dict[str, Any]] = {
+    "model": {"step": "model"},
+    "tools": {"step": "tools", "calls": [WRITE]},
+    "call": {"step": "call", "ticket": 0},
+}
+# Each case: the steps that bring the world's attached task to where the step fits, and
+# the step's own fields (the common ones are added).
+STEP_CASES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "model": ((), {"step": "model", "reserve": 0, "usage": {"tokens": 1}}),
+    "tools": (
+        ("model",),
+        {"step": "tools", "calls": [WRITE], "enter": False, "usage": {"tokens": 1}},
+    ),
+    "tools-entered": (("model",), {"step": "tools", "calls": [WRITE], "enter": True}),
+    "call": (("model", "tools"), {"step": "call", "ticket": 0}),
+    "result": (
+        ("model", "tools", "call"),
+        {
+            "step": "result",
+            "ticket": 0,
+            "result": {"kind": "SUCCESS", "data": {"refund": "R-1"}, "attempts": 1},
+            "evidence": {"revision": 1, "done": False, "committed": True},
+            "then": "model",
+            "reserve": 0,
+        },
+    ),
+    "result-pending": (
+        ("model", "tools", "call"),
+        {"step": "result", "ticket": 0, "result": {"kind": "PENDING", "wait_ms": 1000}},
+    ),
+    "result-error": (
+        ("model", "tools", "call"),
+        {
+            "step": "result",
+            "ticket": 0,
+            "error": {"type": "TimeoutError", "message": "timed out", "transient": True},
+        },
+    ),
+    "finish": (
+        ("model",),
+        {
+            "step": "finish",
+            "answer": {"text": "refunded", "refund": "R-1"},
+            "evidence": {"revision": 1, "done": True, "committed": None},
+        },
+    ),
+    "finish-inspector-failed": (
+        ("model",),
+        {"step": "finish", "answer": "done", "evidence": {"error": "the inspector timed out"}},
+    ),
+    "failed": (("model",), {"step": "failed", "error": "the model answered 503"}),
+    "halt": (
+        (),
+        {"step": "halt", "state": "FAILED", "reason": "executor_error", "detail": "shut down"},
+    ),
+}
+ATTACH = {
+    "protocol": 1,
+    "request_id": "walker-start-again",
+    "lease": "walker-host:2:another",
+    "agent": "walker-bot",
+    "client": "walker/1",
+    "tools": ATTACHED_TOOLS,
+    "input": {"order": 42, "note": "x"},
+    "limits": {"model_calls": 8},
+    "reason": "a sweep",
+}
+
+# Where any JSON value is taken (within the bounds of the whole), at any depth below: a
+# member there has no type of its own to get wrong; and the objects of any members.
+Path = tuple[str | int, ...]
+FREE: set[Path] = {("answer",), ("result", "data")}
+FREE_OBJECTS: set[Path] = {("input",), ("calls", 0, "args")}
+# A result that is not one (its kind unknown, say) is the guard's to stop (bad_result): a
+# verdict the protocol documents, not a malformed request. Only its bounds are the door's.
+VERDICTS: set[Path] = {("result",), ("result", "kind")}
+MILLISECONDS = {"wait_ms"}  # a number, whole or not
+CHOICES = {"step", "effect", "then", "state", "kind"}
+# The longest each text field may be (docs/protocol.md): one character more is refused.
+LONGEST = {
+    "request_id": inputs.MAX_REQUEST_ID_CHARS,
+    "lease": inputs.MAX_LEASE_CHARS,
+    "agent": inputs.MAX_AGENT_CHARS,
+    "client": inputs.MAX_NAME_CHARS,
+    "tool": inputs.MAX_NAME_CHARS,
+    "type": inputs.MAX_NAME_CHARS,
+    "operation_key": inputs.MAX_KEY_CHARS,
+    "reason": inputs.MAX_TEXT_CHARS,
+    "detail": inputs.MAX_TEXT_CHARS,
+    "message": inputs.MAX_TEXT_CHARS,
+    "error": inputs.MAX_TEXT_CHARS,
+}
+LARGEST = max(inputs.MAX_RESULT_BYTES, inputs.MAX_ANSWER_BYTES, inputs.MAX_INPUT_BYTES)
+TWO_TO_THE_64 = str(2**64)
+# Bad in any field: beyond every bound (longer than any text, larger than any value, deeper
+# than any kept value, than a body, than Python's recursion), or not storable at all.
+ANY_FIELD_BAD = {
+    "longer-than-any-bound": json.dumps("x" * (LARGEST + 1)),
+    "nested-deeper-than-kept": nested_object(inputs.KEPT_DEPTH + 5),
+    "nested-50000-deep": brackets(50_000),
+    "array-larger-than-any-bound": "[" + ", ".join(["0"] * (LARGEST // 2)) + "]",
+    "nul": '"a\\u0000b"',
+    "lone-surrogate": '"\\ud800"',
+    "lone-surrogate-key": '{"\\udfff": 1}',
+    "nan": "NaN",
+}
+BAD_BY_KIND = {
+    "text": {"number": "7", "true": "true", "list": "[]", "object": "{}"},
+    "int": {
+        "string": '"1"',
+        "float": "1.0",
+        "fraction": "1.5",
+        "true": "true",
+        "2**64": TWO_TO_THE_64,
+        "list": "[1]",
+    },
+    "number": {"string": '"1"', "true": "true", "2**64": TWO_TO_THE_64, "negative": "-1"},
+    "bool": {"string": '"true"', "number": "1", "list": "[]"},
+    "object": {"string": '"x"', "number": "7", "list": "[]"},
+    "list": {
+        "string": '"x"',
+        "object": "{}",
+        "empty": "[]",
+        "too-many": json.dumps([WRITE] * (attached.MAX_CALLS + 1)),
+    },
+}
+
+
+def _kind(path: tuple[str | int, ...], value: Any) -> str:
+    below = FREE | FREE_OBJECTS
+    if (
+        path in FREE
+        or path in VERDICTS
+        or any(path[: len(free)] == free and len(path) > len(free) for free in below)
+    ):
+        return "free"
+    if path in FREE_OBJECTS:
+        return "free-object"
+    if path[-1] in CHOICES:
+        return "choice"
+    if path[-1] in MILLISECONDS:
+        return "number"
+    if isinstance(value, bool) or value is None:
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, str):
+        return "text"
+    return "list" if isinstance(value, list) else "object"
+
+
+def bad_values(path: tuple[str | int, ...], value: Any) -> dict[str, str]:
+    """The values bad for the field at ``path``, whose valid value is ``value``."""
+    kind = _kind(path, value)
+    bad = dict(ANY_FIELD_BAD)
+    if kind == "free-object":
+        bad.update(BAD_BY_KIND["object"])
+    elif kind == "choice":
+        bad.update(BAD_BY_KIND["text"], unknown='"maybe"')
+    elif kind == "text":
+        bad.update(BAD_BY_KIND["text"])
+        longest = LONGEST.get(str(path[-1]))
+        if longest is not None:
+            bad["one-character-too-long"] = json.dumps("x" * (longest + 1))
+    elif kind != "free":
+        bad.update(BAD_BY_KIND[kind])
+    if path[0] == "limits":
+        # A budget has no bound beyond Limits' own: 2**64 model calls is merely unlimited.
+        bad.pop("2**64", None)
+    if path == ("protocol",):
+        bad["float"] = "1.0"  # 1.0 == 1 in Python, yet not the integer the protocol names
+    if path == ("tools",):
+        bad["name-too-long"] = json.dumps({"t" * (inputs.MAX_NAME_CHARS + 1): "read"})
+        bad["wrong-effect"] = '{"lookup": "delete"}'
+    return bad
+
+
+def _paths(value: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    if path:
+        yield path, value
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield from _paths(child, (*path, key))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            yield from _paths(child, (*path, index))
+
+
+def _with(value: Any, path: tuple[Any, ...], text: str) -> Any:
+    """``value`` as JSON text with the member at ``path`` replaced by the JSON ``text``."""
+    if not path:
+        return text
+    head, rest = path[0], path[1:]
+    if isinstance(value, dict):
+        members = [
+            f"{json.dumps(k)}: {_with(v, rest, text) if k == head else json.dumps(v)}"
+            for k, v in value.items()
+        ]
+        return "{" + ", ".join(members) + "}"
+    items = [_with(v, rest, text) if i == head else json.dumps(v) for i, v in enumerate(value)]
+    return "[" + ", ".join(items) + "]"
+
+
+def one_field_bad(valid: dict[str, Any]) -> Iterator[tuple[str, bytes]]:
+    """``valid`` with exactly one of its members, at any depth, holding one bad value."""
+    for path, value in _paths(valid):
+        where = ".".join(str(part) for part in path)
+        for label, text in bad_values(path, value).items():
+            yield f"{where}={label}", _with(valid, path, text).encode()
+
+
+def _standing(task_id: int) -> str:
+    """The attached task's whole row: a step that acted moves its lease, checkpoint or
+    counters even where the sweep's snapshot would not see it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT md5(t::text) FROM console_task t WHERE id = %s", [task_id])
+        row = cursor.fetchone()
+    return str(row[0])
+
+
+ATTACHED_CASES = ["start", *STEP_CASES]
+
+
+@pytest.mark.parametrize("case", ATTACHED_CASES)
+def test_no_field_of_an_attached_body_is_a_server_error_or_changes_anything(
+    world: World, callers: Callers, case: str
+) -> None:
+    task_id = world.attached_id
+    driver = Client(
+        raise_request_exception=False, headers={"authorization": f"Bearer {world.driver_secret}"}
+    )
+    if case == "start":
+        path, valid = "/api/attached", dict(ATTACH)
+    else:
+        path = f"/api/attached/{task_id}/steps"
+        before, fields = STEP_CASES[case]
+        for number, step in enumerate(before):
+            body = {"protocol": 1, "request_id": f"setup-{number}", "lease": DRIVER}
+            response = driver.post(path, body | SETUP_STEPS[step], content_type="application/json")
+            assert response.status_code == 200 and response.json()["stop"] is None, response.content
+        valid = {"protocol": 1, "request_id": f"walker-{case}", "lease": DRIVER, **fields}
+    route = next(
+        route
+        for route in ROUTES
+        if set(route.parameters) <= {"task_id"} and route.fill({"task_id": str(task_id)}) == path
+    )
+    sender = Sender(world, callers, route, [])
+    sender.callers.tokens["driver"] = driver
+    start, standing = snapshot(route), _standing(task_id)
+    for label, raw in one_field_bad(valid):
+        # Each in a savepoint rolled back after it: a body that acted (a failure) would
+        # otherwise hide every later one (the same request id, answered as reused).
+        with transaction.atomic():
+            sender.send(
+                "driver", "POST", path, label=label, body=raw, content_type="application/json",
+                check_state=True,
+            )  # fmt: skip
+            if _standing(task_id) != standing:
+                sender.failures.append(f"the attached task moved: POST {path} [{label}]")
+            transaction.set_rollback(True)
+
+    assert sender.failures == [], "\n".join(sender.failures)
+    assert snapshot(route) == start
+    # The body the bad ones were made from acts: each of them was refused for its one field.
+    response = driver.post(path, valid, content_type="application/json")
+    assert response.status_code in (200, 201), response.content
+    assert snapshot(route) != start or _standing(task_id) != standing

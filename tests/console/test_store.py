@@ -96,7 +96,7 @@ def test_a_released_lease_lets_the_next_driver_in_where_the_task_stood(start: St
 
 
 def test_a_released_lease_leaves_the_task_to_the_recovery_sweep(start: Start) -> None:
-    task = start("test_notices", {"count": 1})
+    task = start("test_notices", {"count": 1, "auto_lookup": False})  # no lookup to ask
     store = open_store(task.id, "client-a")
     store.take_lease(30)
     store.claim("k-1", FP, tool="send_notice", args="{}")
