@@ -73,7 +73,7 @@ from .models import (
     Task,
     TaskState,
 )
-from .redaction import preview, redact
+from .redaction import preview, redact, redact_text
 from .services import InvalidInput, NotFound, ServiceError
 from .store import Answer, Step, StepStore, open_store
 
@@ -150,6 +150,7 @@ def attached_start(
     problem = services.agent_name_problem(agent)
     if problem is not None:
         raise InvalidInput(problem)
+    client = redact_text(client)  # what a client says of itself is shown: secrets masked
     with transaction.atomic():
         # A retried start (the same request id) waits for the first and finds its task.
         services.lock_goal(

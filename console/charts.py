@@ -98,8 +98,9 @@ def columns(
 ) -> SafeString:
     """A column chart: one slot per label in ``slots`` (hours, left to right), in each slot
     one column per series side by side, or, with ``overlay``, drawn over one another in the
-    order given (a p95 column with its p50 inside it). Heights are proportional to the
-    largest value of any series; every ``every``-th slot is labelled under the axis."""
+    order given, each half as wide as the one before and centred on it (a p95 column with
+    its p50 inside it). Heights are proportional to the largest value of any series; every
+    ``every``-th slot is labelled under the axis."""
     values = [v for s in series for v in s.values if v is not None]
     if not slots or not values or max(values) <= 0:
         return _figure(title, f'<p class="empty">{_e(empty)}</p>')
@@ -117,10 +118,17 @@ def columns(
             if value is None or value <= 0:
                 continue  # nothing to draw; the table says "—" or 0
             height = round(PLOT_HEIGHT * value / top, 1)
-            x = round(i * slot + slot * SLOT_GAP / 200 + (0 if overlay else j * lane), 3)
+            left, width = i * slot + slot * SLOT_GAP / 200, lane
+            if overlay:
+                # Narrower than the column under it, so both show even at the same height
+                # (one step in an hour: its p50 is its p95): apart by shape, not only colour.
+                width = lane / 2**j
+                left += (lane - width) / 2
+            else:
+                left += j * lane
             parts.append(
-                f'<rect class="{classes[j]}" x="{x}%" y="{round(base - height, 1)}" '
-                f'width="{lane}%" height="{height}">'
+                f'<rect class="{classes[j]}" x="{round(left, 3)}%" y="{round(base - height, 1)}" '
+                f'width="{round(width, 3)}%" height="{height}">'
                 f"<title>{text}, {names[j]}: {_e(fmt(value))}</title></rect>"
             )
     parts.append(f'<line class="chart-axis" x1="0" y1="{base}" x2="100%" y2="{base}"></line>')

@@ -57,7 +57,11 @@ class ResolveForm(forms.Form):
     result = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 3}),
-        help_text="If it happened and you know the result, as JSON (optional).",
+        help_text=(
+            "If it happened and you know what the tool returned: its data alone, as JSON "
+            "(optional). The agent is given it as the result's data when it asks for this "
+            'write again; do not wrap it in {"kind": …, "data": …}.'
+        ),
     )
     override = forms.CharField(
         required=False,

@@ -5,7 +5,12 @@ It decides where to run, prepares the database, seeds the demo, starts the web s
 URL and the demo people's passwords once the console answers, and then watches: Ctrl-C
 or SIGTERM stops everything it started. A worker or beat that dies on its own is started
 again, a few times at most (:class:`Restarts`); the web server dying, or a worker or beat
-dying once too often, stops the rest, and ``up`` exits non-zero saying which one.
+dying once too often, stops the rest, and ``up`` exits non-zero saying which one. While it
+watches it also keeps the demo going: the admin's stop of one task, and a task always
+running (the next one started when the last has ended).
+
+The children get the address ``up`` serves as ``LOOPGUARD_PUBLIC_URL`` unless it is set,
+so that the notices the worker and beat send link to whole URLs.
 
 Where it runs: with PostgreSQL and Redis reachable (``DATABASE_URL``, ``REDIS_URL`` /
 ``CELERY_BROKER_URL``) it uses them, creating the database if it does not exist. When
@@ -49,6 +54,8 @@ QUIT_GRACE_S = 3.0
 # A worker or beat that dies on its own is started again, at most this often.
 RESTARTS = 5
 RESTART_WINDOW_S = 600.0
+# How often `up` looks whether the demo's running task has ended (to start the next).
+DEMO_CHECK_S = 10.0
 
 # Exit statuses: 0 stopped on request, 1 a child died on its own and was not (or no longer)
 # started again, 2 could not start.
@@ -345,6 +352,8 @@ class Demo:
     tasks: list[str] = field(default_factory=list)
     started: int = 0
     stops_pending: bool = False
+    keeps_running: bool = False
+    """Whether a scenario is started again whenever it ends, while the console runs."""
 
 
 def seed_demo() -> Demo:
@@ -358,6 +367,7 @@ def seed_demo() -> Demo:
         tasks=task_lines(shown),
         started=sum(1 for _, _, new in shown if new),
         stops_pending=any(scenario.stop_after_s is not None for scenario in SCENARIOS),
+        keeps_running=any(scenario.keep_running for scenario in SCENARIOS),
     )
 
 
@@ -478,12 +488,26 @@ def children(options: Options, config: ModuleType) -> list[Child]:
     ]  # fmt: skip
 
 
-def child_environment() -> dict[str, str]:
+def served_url(host: str, port: int) -> str:
+    """The address ``up`` opens, probes and prints: ``http://127.0.0.1:8000/``, or the host
+    it binds (this machine's own address when it listens on every one)."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+
+
+def child_environment(public_url: str) -> dict[str, str]:
+    """The environment of web, worker and beat: ``up``'s own, this checkout's code first,
+    and ``LOOPGUARD_PUBLIC_URL`` set to ``public_url`` unless it is set already."""
     env = dict(os.environ)
     # The children import this checkout's code, whatever is installed in the venv.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("DJANGO_SETTINGS_MODULE", "console.project.settings")
+    # Notices are sent by the worker and beat, which know no request to take a host from:
+    # without an address their links would be bare paths (/tasks/42/). The one `up` serves
+    # is right on this machine; an operator's own value (a proxy's name) wins.
+    if not env.get("LOOPGUARD_PUBLIC_URL", "").strip():
+        env["LOOPGUARD_PUBLIC_URL"] = public_url.rstrip("/")
     return env
 
 
@@ -695,10 +719,16 @@ def run(options: Options) -> int:
         f"starting web (gunicorn, {options.web_workers} workers, {options.host}:{options.port}), "
         f"worker (Celery, {options.concurrency} processes) and beat"
     )
-    supervisor.start(child_environment())
     # Listening on every address: this machine's own is the one to open (and to probe).
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(options.host, options.host)  # noqa: S104
-    url = f"http://{f'[{host}]' if ':' in host else host}:{options.port}/"
+    url = served_url(options.host, options.port)
+    env = child_environment(url)
+    everywhere = options.host in {"0.0.0.0", "::"}  # noqa: S104
+    if everywhere and env["LOOPGUARD_PUBLIC_URL"] == url.rstrip("/"):
+        say(
+            f"notices link to {url} (this machine only): set LOOPGUARD_PUBLIC_URL to the "
+            "address other people reach the console at"
+        )
+    supervisor.start(env)
     try:
         wait_until_up(url, supervisor)
     except CannotStart:
@@ -707,6 +737,8 @@ def run(options: Options) -> int:
     if supervisor.stop_signal is None:
         banner(url, demo)
     stops_pending = demo is not None and demo.stops_pending
+    keeps_running = demo is not None and demo.keeps_running
+    next_look = time.monotonic() + DEMO_CHECK_S
     while supervisor.stop_signal is None:
         if supervisor.mend() is not None:
             supervisor.stop()
@@ -714,6 +746,9 @@ def run(options: Options) -> int:
             return EXIT_FAILED
         if stops_pending:
             stops_pending = _demo_stops()
+        if keeps_running and time.monotonic() >= next_look:
+            _demo_keep_running()
+            next_look = time.monotonic() + DEMO_CHECK_S
         time.sleep(POLL_S if not stops_pending else 0.5)
     name = signal.Signals(supervisor.stop_signal).name
     say(f"{name}: stopping web, worker and beat")
@@ -736,6 +771,21 @@ def _demo_stops() -> bool:
         say(f"demo: could not do its stop now ({_first_line(error)}); trying again")
         close_old_connections()
         return True
+
+
+def _demo_keep_running() -> None:
+    """Start the demo's running task again if it has ended (stopped, or done reading)."""
+    from django.db import DatabaseError, close_old_connections
+
+    from console.demo.scenarios import demo_keep_running
+    from console.services import ServiceError
+
+    try:
+        for _, task in demo_keep_running():
+            say(f"demo: started task {task.id} ({task.agent}): the last running one had ended")
+    except (DatabaseError, ServiceError) as error:
+        say(f"demo: could not start its running task now ({_first_line(error)}); trying again")
+        close_old_connections()
 
 
 def main(argv: Sequence[str]) -> int:

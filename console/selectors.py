@@ -35,7 +35,7 @@ from django.db.models import (
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from guard import Reason
+from guard import Limits, Reason
 from guard.steps import DIMENSIONS, RESUME_CONDITIONS
 
 from .agents import UnknownAgent, agent_class
@@ -47,6 +47,7 @@ from .models import (
     AuditAction,
     AuditEntry,
     EventKind,
+    OnReject,
     Operation,
     OperationEvent,
     OperationState,
@@ -76,6 +77,7 @@ BUDGETS = tuple(d.used for d in GAUGED)
 """The task counters a person sees (page gauges, the API's ``counters``), in order."""
 BUDGET_OF_REASON = {d.reason.value: d.limit for d in DIMENSIONS if d.stops}
 """The limit a task ran out of, by its stop reason (the one a resumption must grant)."""
+_DEFAULT_LIMITS = Limits()
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,9 @@ def gauges(task: Task) -> list[Gauge]:
     limits = task.limits or {}
     out = []
     for d in GAUGED:
-        limit = limits.get(d.limit)
+        # A limit the task does not name is the guard's default (its driver runs with
+        # Limits(**task.limits)), not "none": ``explore`` is stored only when given.
+        limit = limits[d.limit] if d.limit in limits else getattr(_DEFAULT_LIMITS, d.limit)
         used = int(getattr(task, d.used))
         out.append(Gauge(d.used, used, None if limit is None else int(limit), d.label))
     return out
@@ -460,6 +464,14 @@ class TaskDetail:
     last_seq: int
     approval: Approval | None = None
     """The call it holds for a person's approval, while it waits for one."""
+    answers: dict[int, Approval] = field(default_factory=dict)
+    """By the number of the phase it opened: the held call whose answer (an approval, or a
+    rejection that let the task go on) opened that phase."""
+
+    @property
+    def phase_rows(self) -> list[tuple[Phase, Approval | None]]:
+        """Each phase with the answer that opened it (``None``: a start or a resumption)."""
+        return [(p, self.answers.get(p.number)) for p in self.phases]
 
 
 def task_detail(task_id: int, *, before: int | None = None) -> TaskDetail | None:
@@ -484,7 +496,18 @@ def task_detail(task_id: int, *, before: int | None = None) -> TaskDetail | None
         earlier=earlier,
         last_seq=last_seq,
         approval=held,
+        answers=_phase_answers(task),
     )
+
+
+def _phase_answers(task: Task) -> dict[int, Approval]:
+    """The answers that opened phases, by the phase each opened: an approval always opens
+    the next phase; a rejection only when it let the task go on (one that ended it opened
+    none, and a later resumption's phase is not its)."""
+    opened = task.approvals.filter(
+        Q(state=ApprovalState.APPROVED) | Q(state=ApprovalState.REJECTED, on_reject=OnReject.RESUME)
+    )
+    return {a.phase + 1: a for a in opened.only("id", "task_id", "phase", "state", "tool")}
 
 
 @dataclass
@@ -964,6 +987,41 @@ def audit_entries(filters: AuditFilters) -> QuerySet[AuditEntry]:
 def audit_page(filters: AuditFilters, number: Any) -> Page[AuditEntry]:
     """One page of the audit log (a bad page number gives the nearest page)."""
     return Paginator(audit_entries(filters), AUDIT_PER_PAGE).get_page(number)
+
+
+ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "ABSENT"})()
+"""A field an audit entry's ``before`` or ``after`` does not name (unlike ``None``, a value)."""
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    """One field an audited action changed: where it sits (``("limits", "spend")``), and
+    its value before and after, :data:`ABSENT` on the side that does not name it."""
+
+    path: tuple[str, ...]
+    before: Any
+    after: Any
+
+
+def audit_changes(before: Any, after: Any) -> list[FieldChange]:
+    """What an audit entry's ``before`` → ``after`` changed, field by field: nested records
+    (a resumption's limits, a lookup's answer) down to their leaves, in the order the
+    entry names them (``before``'s fields first); a field that kept its value is left out.
+    """
+    changes: list[FieldChange] = []
+
+    def walk(path: tuple[str, ...], old: Any, new: Any) -> None:
+        olds = old if isinstance(old, Mapping) else {} if old is ABSENT else None
+        news = new if isinstance(new, Mapping) else {} if new is ABSENT else None
+        if olds is not None and news is not None and (olds or news):
+            for name in [*olds, *(name for name in news if name not in olds)]:
+                walk((*path, str(name)), olds.get(name, ABSENT), news.get(name, ABSENT))
+            return
+        if old != new:
+            changes.append(FieldChange(path, old, new))
+
+    walk((), before if before is not None else {}, after if after is not None else {})
+    return changes
 
 
 AUDIT_COLUMNS = ("at", "actor", "action", "task", "operation", "reason", "before", "after")

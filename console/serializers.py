@@ -681,7 +681,11 @@ RESOLVE_OPERATION = Body("ResolveOperation", "What the business system shows.", 
     ),
     text_input("evidence", "what was checked, for the audit log (required)", required=True),
     any_input(
-        "result", "with committed: true, the result the tool would have returned; at most "
+        "result", "with committed: true, the tool's data (any JSON value): what the agent "
+        "is given as the result's data when it asks for this write again, stored as a "
+        "SUCCESS result's data. Not a whole result: a mapping shaped like one (kind one of "
+        "the result kinds, beside at most data, wait_ms and attempts) would be handed over "
+        "wrapped twice, so it is refused (400 invalid_input); at most "
         f"{KEPT_DEPTH} levels deep and {MAX_RESULT_BYTES // 1024} KiB as JSON",
         most_bytes=MAX_RESULT_BYTES,
     ),

@@ -20,7 +20,7 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.db import connection, transaction
 from django.utils import timezone
 
-from guard import Limits
+from guard import Kind, Limits, Result
 from guard.steps import DIMENSIONS
 from guard.steps import canonical_json as guard_canonical_json
 
@@ -52,7 +52,7 @@ from .models import (
     Task,
     TaskState,
 )
-from .redaction import redact
+from .redaction import redact, redact_text
 from .spend import price_of
 
 logger = logging.getLogger(__name__)
@@ -182,6 +182,8 @@ def task_start(
         # show another client than the one that drives the task.
         if len(client) > MAX_NAME_CHARS or not client.isprintable():
             raise InvalidInput(f"client must be 1 to {MAX_NAME_CHARS} printable characters")
+        # Shown on every page and export of the task, as a reason is: secrets masked.
+        client = redact_text(client)
         tools = attached_tools(tools)
     else:
         try:
@@ -354,6 +356,20 @@ def _each(task_ids: Sequence[int], act: Callable[[int], Any]) -> BulkOutcome:
     return BulkOutcome(changed, refused, max(0, len(unique) - BULK_LIMIT))
 
 
+_RESULT_FIELDS = frozenset(f.name for f in fields(Result))
+_RESULT_KINDS = frozenset(kind.value for kind in Kind)
+
+
+def looks_like_a_result(value: Any) -> bool:
+    """Whether ``value`` has exactly the shape of a stored result: a mapping whose ``kind``
+    is one of the result kinds, with nothing besides ``data``, ``wait_ms`` and ``attempts``.
+    Taken as a committed write's data, it would be handed to the agent wrapped twice."""
+    if not isinstance(value, Mapping):
+        return False
+    kind = value.get("kind")
+    return isinstance(kind, str) and kind in _RESULT_KINDS and set(value) <= _RESULT_FIELDS
+
+
 def operation_mark_committed(
     *,
     key: str,
@@ -361,7 +377,12 @@ def operation_mark_committed(
     evidence: str,
     result: Any = None,
 ) -> Operation:
-    """A reconciler verified in the business system that the action took effect."""
+    """A reconciler verified in the business system that the action took effect.
+
+    ``result`` is the tool's data (any JSON value; ``None``: not known): stored as the data
+    of a ``SUCCESS`` result, it is what the agent is given when it asks for the write again.
+    A value shaped like a whole result is refused (:func:`looks_like_a_result`).
+    """
     return _settle(key, actor, evidence, committed=True, result=result)
 
 
@@ -418,6 +439,13 @@ def _settle(
 ) -> Operation:
     evidence = _required(evidence, what="evidence")
     if committed:
+        if looks_like_a_result(result):
+            raise InvalidInput(
+                "the result is the tool's data, which the agent is given as the reused "
+                "result's data; this one has the shape of a whole result "
+                '({"kind": …, "data": …}) and would reach the agent wrapped twice: send the '
+                "data alone"
+            )
         # What is stored is what the agent is handed when it asks again: refuse what could
         # only be stored altered (cut below the depth redaction walks) or not at all.
         problem = unstorable(result, what="result", max_depth=KEPT_DEPTH)
@@ -783,6 +811,7 @@ __all__ = [
     "approval_reject",
     "attached_tools",
     "lock_goal",
+    "looks_like_a_result",
     "operation_look_up",
     "operation_mark_committed",
     "operation_mark_not_committed",

@@ -191,11 +191,19 @@ def task_bulk(request: HttpRequest) -> HttpResponse:
         outcome = act(task_ids=ids, actor=_person(request), reason=data["reason"])
     except services.ServiceError as exc:
         return _done(request, messages.ERROR, f"Nothing was changed: {exc}", back)
-    verb = "resumption approved for" if needed is Capability.APPROVE else "stopped or cancelled"
     if outcome.changed:
+        n = len(outcome.changed)
         listed = ", ".join(f"#{i}" for i in outcome.changed[:20])
-        more = f" and {len(outcome.changed) - 20} more" if len(outcome.changed) > 20 else ""
-        messages.success(request, f"{len(outcome.changed)} task(s) {verb}: {listed}{more}.")
+        more = f" and {n - 20} more" if n > 20 else ""
+        tasks = f"{n} task{'' if n == 1 else 's'}: {listed}{more}"
+        if needed is Capability.APPROVE:
+            messages.success(request, f"Approved the resumption of {tasks}.")
+        else:
+            # The outcome does not say which tasks were running: those are only told to
+            # stop (they end before their next step), the others stopped at once.
+            messages.success(
+                request, f"Stopped {tasks}. Any that was running ends before its next step."
+            )
     for task_id, why in list(outcome.refused.items())[:20]:
         messages.warning(request, f"#{task_id} was not changed: {why}")
     if len(outcome.refused) > 20:

@@ -21,6 +21,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
@@ -38,6 +39,7 @@ from tests.up_process import (
     survivors,
     venv_is_current,
 )
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -69,18 +71,34 @@ def database_url(name: str) -> str:
     return f"postgres://{auth}{db.get('HOST') or '127.0.0.1'}{port}/{name}"
 
 
-def drop_database(name: str) -> None:
-    db = settings.DATABASES["default"]
-    with psycopg.connect(
+def connect(name: str) -> psycopg.Connection[Any]:
+    db: dict[str, Any] = settings.DATABASES["default"]
+    return psycopg.connect(
         host=db.get("HOST") or None,
         port=db.get("PORT") or None,
         user=db.get("USER") or None,
         password=db.get("PASSWORD") or None,
-        dbname="postgres",
+        dbname=name,
         autocommit=True,
-    ) as conn:
+    )
+
+
+def drop_database(name: str) -> None:
+    with connect("postgres") as conn:
         drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
         conn.execute(drop.format(sql.Identifier(name)))
+
+
+def rows(database: str, query: str) -> list[tuple[Any, ...]]:
+    """What ``query`` finds in the console's database now."""
+    with connect(database) as conn:
+        return conn.execute(query).fetchall()
+
+
+def environ(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` was started with."""
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(pair.decode().split("=", 1) for pair in pairs if b"=" in pair)
 
 
 @pytest.fixture
@@ -111,6 +129,7 @@ def test_the_first_command_brings_up_a_console_and_ctrl_c_takes_all_of_it_down(
         REDIS_URL=str(settings.REDIS_URL),
         CELERY_QUEUE=f"loopguard-first-run-{uuid.uuid4().hex[:8]}",
     )
+    env.pop("LOOPGUARD_PUBLIC_URL", None)  # a first run has none: `up` tells its own
     up = Up(clone, env, port, tmp_path / "up.log")
     started: list[Proc] = []
     try:
@@ -126,6 +145,9 @@ def test_the_first_command_brings_up_a_console_and_ctrl_c_takes_all_of_it_down(
         assert "gunicorn" in names and "celery" in names and " beat " in names, names
         # The clone's code runs, not this checkout's.
         assert all(Path(f"/proc/{p.pid}/cwd").resolve() == clone.resolve() for p in started)
+        # Notices the worker and beat send link to the address `up` serves.
+        public = {environ(p.pid).get("LOOPGUARD_PUBLIC_URL") for p in started}
+        assert public == {f"http://127.0.0.1:{port}"}, public
 
         browser = Browser(url)
         login = browser.get("/login")
@@ -142,6 +164,30 @@ def test_the_first_command_brings_up_a_console_and_ctrl_c_takes_all_of_it_down(
         tasks = browser.get("/tasks/")
         assert tasks.status == 200
         assert "long_runner" in tasks.body and "lost_response" in tasks.body
+
+        # Something to do at once: a refund waiting for an approver, a task to stop.
+        pending = wait_for(
+            lambda: rows(
+                database,
+                "SELECT tool, operation_key FROM console_approval WHERE state = 'PENDING'",
+            ),
+            timeout=60,
+            what="the demo's refund to wait in the approval queue",
+            every=0.5,
+        )
+        assert pending == [("refund", "order-46-refund")]
+        running = wait_for(
+            lambda: rows(
+                database,
+                # The one `up` keeps running, not the one the admin stops.
+                "SELECT id FROM console_task WHERE agent = 'long_runner' AND state = 'RUNNING' "
+                "AND input->>'delay_ms' = '5000' AND stop_requested_at IS NULL",
+            ),
+            timeout=60,
+            what="the demo's running task",
+            every=0.5,
+        )
+        assert len(running) == 1, running
 
         code = up.interrupt()
 

@@ -2,9 +2,11 @@
 
 Everything here is idempotent. ``demo_users`` creates the five demo people or gives them
 new passwords; ``demo_tasks`` starts each scenario only if the demo has not started it
-before (the running one again once its previous run has ended, so that a new run of
-``manage.py up`` shows work in progress); ``demo_stop_due`` has the admin stop the
-scenario that shows an operator's stop, once it has been running for a few seconds.
+before (the running one again once its previous run has ended); ``demo_keep_running``,
+which ``manage.py up`` calls every few seconds while the console runs, starts the running
+one again whenever it has ended, so that there is always a task to watch and to stop;
+``demo_stop_due`` has the admin stop the scenario that shows an operator's stop, once it
+has been running for a few seconds.
 
 A demo person is recognised by the e-mail address the demo gave them: an account that
 happens to be called ``admin`` but was not made here is never touched.
@@ -20,6 +22,7 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
@@ -32,9 +35,12 @@ from .desk import seed_demo_data
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "APPROVAL_INPUT",
+    "KEEP_RUNNING",
     "SCENARIOS",
     "DemoUser",
     "Scenario",
+    "demo_keep_running",
     "demo_stop_due",
     "demo_stop_pending",
     "demo_tasks",
@@ -55,10 +61,40 @@ class Scenario:
     shows: str
     limits: Mapping[str, Any] = field(default_factory=dict)
     keep_running: bool = False
-    """Start it again when its previous run has ended: there is always work in progress."""
+    """Start it again whenever its previous run has ended (``demo_keep_running``): there is
+    always work in progress."""
     stop_after_s: float | None = None
     """The admin stops it once it has been running this long (an operator's stop)."""
 
+
+# The task that is always running while `up` runs. The worker sleeps inside the tool
+# between pages (no CPU), and the guard looks for a stop before every page, so Stop ends it
+# within 5 s. One run is 120 pages, about 10 minutes: inside its deadline and call budgets
+# (tests/console/test_demo_scenarios.py), and well inside the broker's visibility timeout
+# (an hour), past which Redis would hand its message to a second worker. Then `up` starts
+# the next. What it writes in an hour: 720 pages, each two trace events (~275 bytes of row
+# each), and six tasks with a phase, a stop report, a start in the audit log and its first
+# and last trace events (~4 KB each): about 1,500 rows, 0.4 MB an hour, 10 MB a day of
+# console time. (`up` itself looks every 10 s whether it has ended: two small reads.)
+KEEP_RUNNING_PAGES = 120
+KEEP_RUNNING_DELAY_MS = 5000
+
+# A refund above its limit waits for a person: order 46 cost 128.00 and the desk would
+# refund it all, but above 100.00 an approver must say yes first.
+APPROVAL_INPUT: Mapping[str, Any] = {
+    "order": 46,
+    "amount_cents": 12800,
+    "reason": "the wrong size was sent twice",
+    "approve_above_cents": 10000,
+}
+
+KEEP_RUNNING = Scenario(
+    "long_runner",
+    {"pages": KEEP_RUNNING_PAGES, "delay_ms": KEEP_RUNNING_DELAY_MS},
+    "running: a page every 5 s; when it ends, the next starts (always one to stop)",
+    limits={"deadline_ms": 900_000},
+    keep_running=True,
+)
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("paging", {"collection": "reports"}, "completed: three verified pages"),
@@ -67,6 +103,11 @@ SCENARIOS: tuple[Scenario, ...] = (
         {"order": 44, "amount_cents": 2500, "reason": "the parcel arrived damaged"},
         "completed: a refund and a notice, each exactly once",
     ),
+    Scenario(
+        "support_desk",
+        APPROVAL_INPUT,
+        "needs a human: a 128.00 refund (over 100.00) waits in the approval queue",
+    ),
     Scenario("oscillation", {"incident": 7}, "partial: stopped on a short cycle"),
     Scenario(
         "lost_response",
@@ -74,13 +115,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "needs a human: a notice went out but its response was lost (UNKNOWN)",
     ),
     Scenario("unverified_finish", {"order": 42}, "partial: the model claimed a finish"),
-    Scenario(
-        "long_runner",
-        {"pages": 100, "delay_ms": 2000},
-        "running: a hundred slow pages, a few minutes of progress",
-        limits={"deadline_ms": 300_000},
-        keep_running=True,
-    ),
+    KEEP_RUNNING,
     Scenario(
         "long_runner",
         {"pages": 120, "delay_ms": 500},
@@ -141,26 +176,67 @@ def demo_tasks(*, enqueue: Enqueue | None = None) -> list[tuple[Scenario, Task, 
     Needs the demo operator (``demo_users``); seeds the desk's records first. ``enqueue``
     replaces sending the task to the workers (tests).
     """
-    start = task_start if enqueue is None else partial(task_start, enqueue=enqueue)
     seed_demo_data()
-    starter = _demo_person(STARTER)
-    if starter is None:
-        raise ServiceError(f"the demo needs its {STARTER} account: run demo_users first")
+    starter = _demo_starter()
     shown = []
     for scenario in SCENARIOS:
         last = _demo_runs(scenario, starter).first()
-        if last is not None and not (scenario.keep_running and last.state not in ACTIVE_STATES):
+        if last is None or _starts_again(scenario, last):
+            shown.append((scenario, _start(scenario, starter, enqueue), True))
+        else:
             shown.append((scenario, last, False))
-            continue
-        task = start(
-            agent=scenario.agent,
-            input=dict(scenario.input),
-            limits=dict(scenario.limits) or None,
-            actor=starter,
-            reason=f"demo: {scenario.shows}",
-        )
-        shown.append((scenario, task, True))
     return shown
+
+
+def demo_keep_running(*, enqueue: Enqueue | None = None) -> list[tuple[Scenario, Task]]:
+    """Start again each ``keep_running`` scenario whose last run has ended; returns those
+    started (usually none: two small queries per scenario).
+
+    Never more often than the console's restart-loop rule lets one goal start
+    (``LOOPGUARD_RESTART_LIMIT`` in ``LOOPGUARD_RESTART_WINDOW_SECONDS``): a person who
+    keeps pressing Stop sees the next run a few minutes later, not a task held as a loop.
+    """
+    starter = _demo_person(STARTER)
+    if starter is None:
+        return []
+    started = []
+    for scenario in SCENARIOS:
+        if not scenario.keep_running:
+            continue
+        last = _demo_runs(scenario, starter).first()
+        if last is None or _starts_again(scenario, last):
+            started.append((scenario, _start(scenario, starter, enqueue)))
+    return started
+
+
+def _demo_starter() -> User:
+    starter = _demo_person(STARTER)
+    if starter is None:
+        raise ServiceError(f"the demo needs its {STARTER} account: run demo_users first")
+    return starter
+
+
+def _starts_again(scenario: Scenario, last: Task) -> bool:
+    """Whether a ``keep_running`` scenario whose last run is ``last`` is due to start now."""
+    if not scenario.keep_running or last.state in ACTIVE_STATES:
+        return False
+    # The same count task_start makes: one more start must not be held as a restart loop.
+    window = timezone.now() - timedelta(seconds=settings.LOOPGUARD_RESTART_WINDOW_SECONDS)
+    recent = Task.objects.filter(
+        agent=scenario.agent, input_fingerprint=last.input_fingerprint, created_at__gte=window
+    ).count()
+    return recent < settings.LOOPGUARD_RESTART_LIMIT
+
+
+def _start(scenario: Scenario, starter: User, enqueue: Enqueue | None) -> Task:
+    start = task_start if enqueue is None else partial(task_start, enqueue=enqueue)
+    return start(
+        agent=scenario.agent,
+        input=dict(scenario.input),
+        limits=dict(scenario.limits) or None,
+        actor=starter,
+        reason=f"demo: {scenario.shows}",
+    )
 
 
 def demo_stop_due() -> list[Task]:

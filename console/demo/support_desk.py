@@ -42,7 +42,8 @@ class SupportDesk(Agent):
     name = "support_desk"
     title = "Support desk"
     description = (
-        "Looks an order up, refunds it and notifies the customer, each write exactly once."
+        "Looks an order up, refunds it and notifies the customer, each write exactly once; "
+        "with approve_above_cents, a larger refund waits for an approver."
     )
     example_input: ClassVar[Mapping[str, Any]] = {
         "order": 42,

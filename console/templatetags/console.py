@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django import template
 from django.utils import timezone
+from django.utils.html import escape, format_html
+from django.utils.safestring import mark_safe
 
-from console.models import Task
-from console.selectors import Gauge, ReportBudget, gauges, report_budgets, summary_pending
+from console.models import AuditEntry, Task
+from console.selectors import (
+    ABSENT,
+    Gauge,
+    ReportBudget,
+    audit_changes,
+    gauges,
+    report_budgets,
+    summary_pending,
+)
 from console.spend import money
 from guard.steps import DIMENSIONS
 
@@ -134,6 +146,78 @@ def awaits_summary(detail: Any) -> bool:
     (:func:`console.selectors.summary_pending`, on the page's latest stop report)."""
     reports = getattr(detail, "reports", None)
     return summary_pending(detail.task, reports[0] if reports else None)
+
+
+@dataclass(frozen=True)
+class ChangeWords:
+    """One changed field of an audit entry as the log shows it: ``state: RUNNING →
+    CANCELLED``; ``before`` is ``None`` for a field the action added."""
+
+    field: str
+    before: str | None
+    after: str
+
+
+BUDGET_LABELS = {d.limit: d.label for d in DIMENSIONS}
+MONEY_LIMITS = frozenset(d.limit for d in DIMENSIONS if d.used in MONEY)
+WHOLE_LABELS = {"limits": "{} limit", "grant": "{} granted"}
+"""Budgets nested in a resumption's entry, named as people say them (``spend limit``)."""
+
+
+def _field_words(path: tuple[str, ...]) -> str:
+    if len(path) == 2 and path[0] in WHOLE_LABELS:
+        return WHOLE_LABELS[path[0]].format(BUDGET_LABELS.get(path[1], path[1]))
+    return " ".join(path).replace("_", " ") or "value"
+
+
+def _value_words(path: tuple[str, ...], value: Any) -> str:
+    if value is ABSENT or value is None or value == "":
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        shown = money(value) if path and path[-1] in MONEY_LIMITS else f"{value:,}"
+        return f"+{shown}" if path[:1] == ("grant",) and len(path) == 2 else shown
+    if isinstance(value, list | tuple) and all(not isinstance(v, dict | list) for v in value):
+        return ", ".join(str(v) for v in value) or "—"
+    if isinstance(value, str):
+        return value
+    return compact_json(value)
+
+
+@register.filter
+def changes(entry: AuditEntry) -> list[ChangeWords]:
+    """An audit entry's before → after as the fields it changed, in words: ``state:
+    RUNNING → CANCELLED``, ``spend limit: USD 0.02 → USD 0.03`` (money as money, yes/no
+    for flags), from :func:`console.selectors.audit_changes`."""
+    return [
+        ChangeWords(
+            _field_words(c.path),
+            None if c.before is ABSENT else _value_words(c.path, c.before),
+            _value_words(c.path, c.after),
+        )
+        for c in audit_changes(entry.before, entry.after)
+    ]
+
+
+WHOLE_WORD = 32
+"""The longest name :func:`whole_words` keeps on one line; a longer one (a URL) may break."""
+
+
+@register.filter(is_safe=True)
+def whole_words(value: Any) -> str:
+    """``value`` escaped, each name in it that holds a hyphen (``desk-lead@example.com``,
+    ``2026-12-03``) kept on one line: a line may still break between words."""
+    text = "" if value is None else str(value)
+    pieces = re.split(r"(\s+)", text)
+    return mark_safe(  # noqa: S308 - every piece is escaped here
+        "".join(
+            format_html('<span class="nowrap">{}</span>', piece)
+            if "-" in piece and len(piece) <= WHOLE_WORD
+            else escape(piece)
+            for piece in pieces
+        )
+    )
 
 
 @register.filter

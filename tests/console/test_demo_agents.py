@@ -232,6 +232,28 @@ def test_the_support_desk_asks_a_human_when_the_desk_refuses_the_refund() -> Non
     assert Refund.objects.count() == 0
 
 
+def test_the_support_desk_holds_a_refund_above_its_limit_before_it_runs() -> None:
+    agent = SupportDesk(1, {**DESK_INPUT, "approve_above_cents": 1000}, {})
+
+    run = drive(agent, needs_approval=agent.approval_policy())
+
+    assert outcome(run) == (State.NEEDS_HUMAN, Reason.APPROVAL_REQUIRED, 1)  # the lookup only
+    assert run.report.pending is not None
+    assert (run.report.pending["tool"], run.report.pending["operation_key"]) == (
+        "refund",
+        "order-42-refund",
+    )
+    assert Refund.objects.count() == 0
+
+
+def test_the_support_desk_refunds_at_or_below_its_limit_without_asking() -> None:
+    agent = SupportDesk(1, {**DESK_INPUT, "approve_above_cents": 1500}, {})
+
+    run = drive(agent, needs_approval=agent.approval_policy())
+
+    assert outcome(run) == (State.COMPLETED, Reason.GOAL_MET, 3)
+
+
 def test_a_lost_refund_response_is_settled_from_the_desk_when_the_runner_allows_lookups() -> None:
     agent = SupportDesk(1, {**DESK_INPUT, "lose_response": "refund"}, {})
 

@@ -77,6 +77,8 @@ def test_an_approver_approves_a_held_refund_by_keyboard_on_a_phone_and_it_runs_o
     page = _sign_in_by_keyboard(console, people[Role.APPROVER])
     box = page.get_by_role("region", name="Calls waiting for approval")
     expect(box).to_contain_text(f"#{task.id}")
+    _tab_to(page, "Menu")  # on a phone the navigation is a menu
+    page.keyboard.press("Enter")
     _tab_to(page, "Approvals")
     page.keyboard.press("Enter")
     expect(page.get_by_role("heading", name="Approval queue")).to_be_visible()

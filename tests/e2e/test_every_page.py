@@ -1,19 +1,22 @@
-"""Every page of the console on a phone, in both themes: it fits, and its text can be read.
+"""Every page of the console on a phone and a laptop, in both themes: it fits, it reads.
 
 The pages are found from the URL map, not listed by hand: every console URL is filled in
 with real objects (a finished task, a task waiting for a human with a write in doubt, its
 operation) and kept if a signed-in person gets an HTML page from it. So a page added later
 is checked without anyone remembering to add it here.
 
-At 390 px (a small phone) no page may be wider than the screen: a wide table scrolls inside
-its own box. In the light and the dark theme, every piece of text on every page meets WCAG
-AA contrast against what is behind it (4.5:1, or 3:1 for large text).
+At 390 px (a small phone) and 1280 px no page may be wider than the screen: a wide table
+scrolls inside its own box (on a phone its rows are cards). In the light and the dark theme,
+every piece of text on every page meets WCAG AA contrast against what is behind it (4.5:1,
+or 3:1 for large text). No word is broken across two lines ("appr|over", "read_pag|e"),
+and no button, link or field is cut short ("Sen" for "Send test").
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,11 +26,11 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from console import attached, runner
+from console import attached, notifications, runner
 from console.demo.desk import seed_demo_data
 from console.models import Approval, Operation, OperationState, Task, TaskState
 from console.roles import Role, assign
-from console.services import task_start
+from console.services import approval_reject, task_start
 from tests.console.held import REFUND
 
 from .conftest import CHROMIUM, PASSWORD, Console
@@ -43,6 +46,7 @@ pytestmark = [
 ]
 
 PHONE = {"width": 390, "height": 844}
+LAPTOP = {"width": 1280, "height": 800}
 # Not pages: data, fragments, exports, probes, the API (its own tests), and sign-out.
 NOT_PAGES = {"task-live", "task-report", "audit-export", "healthz", "metrics", "logout"}
 
@@ -107,6 +111,68 @@ CONTRAST = """
 }
 """
 
+# Words whose text spans two lines (a Range per word, split on white space: more than one line
+# of client rects), and controls cut short: a button, link or field whose text needs more
+# than its box, or that an overflow-hidden box around it cuts. A line may end at a word's own
+# hyphen between letters, as in print ("re-|sends"); names and keys ("everyone-e2e",
+# "2026-12-03", "task-2-notice-1") hold digits and must stay whole.
+READS = """
+() => {
+  const where = (el) => {
+    const id = el.id ? `#${el.id}` : "";
+    const names = typeof el.className === "string" ? el.className.trim() : "";
+    return `${el.tagName.toLowerCase()}${id}${names ? "." + names.split(/\\s+/).join(".") : ""}`;
+  };
+  const prose = /^[(“"]?[A-Za-z]+(-[A-Za-z]+)+[)”".,;:!?]*$/;
+  const broken = [];
+  const range = document.createRange();
+  const shown = new Map();
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  while (walker.nextNode()) {
+    const node = walker.currentNode;
+    const el = node.parentElement;
+    if (!el || el.closest("script, style, template, option")) continue;
+    if (!shown.has(el)) shown.set(el, el.checkVisibility({ visibilityProperty: true }));
+    if (!shown.get(el)) continue;
+    const words = /\\S+/g;
+    let m;
+    while ((m = words.exec(node.textContent))) {
+      range.setStart(node, m.index);
+      range.setEnd(node, m.index + m[0].length);
+      const rects = Array.from(range.getClientRects()).filter((r) => r.width > 0);
+      if (rects.length < 2 || !rects.some((r) => r.top >= rects[0].bottom - 1)) continue;
+      if (prose.test(m[0])) continue;
+      broken.push(`"${m[0].slice(0, 40)}" in ${where(el)}`);
+    }
+  }
+  const cut = [];
+  const controls = "a, button, input:not([type=hidden]), select, textarea, summary, .button";
+  for (const el of document.querySelectorAll(controls)) {
+    const box = el.getBoundingClientRect();
+    if (box.width === 0 || !el.checkVisibility({ visibilityProperty: true })) continue;
+    if (el.closest(".visually-hidden")) continue;
+    const text = `"${(el.value || el.textContent || "").trim().slice(0, 30)}"`;
+    const inline = getComputedStyle(el).display === "inline";
+    if (!inline && el.tagName !== "INPUT" && el.scrollWidth > el.clientWidth + 1) {
+      cut.push(`${where(el)} ${text} needs ${el.scrollWidth} px, has ${el.clientWidth}`);
+      continue;
+    }
+    for (let up = el.parentElement; up && up !== document.body; up = up.parentElement) {
+      const style = getComputedStyle(up);
+      const hides = [style.overflowX, style.overflowY].some((v) => v === "hidden" || v === "clip");
+      if (!hides) continue;
+      const outer = up.getBoundingClientRect();
+      if (box.left < outer.left - 1 || box.right > outer.right + 1
+          || box.top < outer.top - 1 || box.bottom > outer.bottom + 1) {
+        cut.push(`${where(el)} ${text} is cut by ${where(up)}`);
+        break;
+      }
+    }
+  }
+  return { broken, cut };
+}
+"""
+
 # What sticks out past the right edge of the screen, for the failure message.
 WIDE = """
 (width) => Array.from(document.querySelectorAll("body *"))
@@ -148,8 +214,32 @@ def objects(everyone: User) -> dict[str, Any]:
     doubt.refresh_from_db()
     assert doubt.state == TaskState.NEEDS_HUMAN
     operation = Operation.objects.get(task=doubt, state=OperationState.UNKNOWN)
+    # A channel told about tasks that need a human, with the notices those two made.
+    notifications.channel_add(
+        actor=everyone,
+        reason="tell the desk's on-call",
+        name="on-call desk",
+        transport="email",
+        kinds=["needs_human", "unknown_too_long", "restart_loop"],
+        address="oncall@example.com, desk-lead@example.com",
+    )
+    notifications.route_events(now=timezone.now() + timedelta(hours=1))
     # A refund over the limit, held for approval: the queue and its task page show the call.
     seed_demo_data()
+    # And one answered already: the queue's Answered table shows who, what and why.
+    answered = task_start(
+        agent="support_desk",
+        input={**REFUND, "order": 43},
+        enqueue=lambda task_id: None,
+        actor=everyone,
+    )
+    assert runner.drive(answered.id) == "NEEDS_HUMAN/approval_required"
+    approval_reject(
+        approval_id=Approval.objects.get(task=answered).id,
+        actor=everyone,
+        reason="order 43 was refunded by hand at the desk yesterday",
+        resume=False,
+    )
     refund = task_start(
         agent="support_desk",
         input=REFUND,
@@ -228,49 +318,103 @@ def page_urls(objects: dict[str, Any], user: User) -> list[str]:
 
 
 def _check(page: Page, url: str, problems: list[str], theme: str) -> None:
+    """One load of ``url``: its width, its contrast, its words and its controls."""
     page.goto(url)
     page.wait_for_load_state("load")
+    screen = page.viewport_size["width"] if page.viewport_size else PHONE["width"]
+    seen = f"{url} ({theme}, {screen} px)"
     width = page.evaluate("document.documentElement.scrollWidth")
-    if width > PHONE["width"]:
-        wide = page.evaluate(WIDE, PHONE["width"])
-        problems.append(f"{url} ({theme}): {width} px wide at {PHONE['width']} px: {wide}")
+    if width > screen:
+        wide = page.evaluate(WIDE, screen)
+        problems.append(f"{seen}: {width} px wide: {wide}")
     for short in page.evaluate(CONTRAST):
-        problems.append(f"{url} ({theme}): contrast {short}")
+        problems.append(f"{seen}: contrast {short}")
+    reads = page.evaluate(READS)
+    problems += [f"{seen}: a word on two lines: {word}" for word in reads["broken"]]
+    problems += [f"{seen}: cut short: {control}" for control in reads["cut"]]
 
 
+@pytest.mark.parametrize("screen", [PHONE, LAPTOP], ids=["phone", "laptop"])
 @pytest.mark.parametrize("theme", ["light", "dark"])
-def test_every_page_fits_a_phone_and_its_text_can_be_read(
-    console: Console, everyone: User, objects: dict[str, Any], theme: str
+def test_every_page_fits_its_screen_and_its_text_reads(
+    console: Console,
+    everyone: User,
+    objects: dict[str, Any],
+    theme: str,
+    screen: dict[str, int],
+    shoot: Callable[[Page, str], Path],
 ) -> None:
     urls = page_urls(objects, everyone)
-    page = console.sign_in(everyone, viewport=PHONE, color_scheme=theme)
+    page = console.sign_in(everyone, viewport=screen, color_scheme=theme)
     problems: list[str] = []
+    # The phone's screenshots (tests/artifacts/screenshots/): the pages a table used to squeeze.
+    shots = {
+        reverse("audit"): "15-audit-log-phone",
+        reverse("task", args=[objects["tasks"][1].id]): "16-task-phone",
+        reverse("tasks"): "17-tasks-phone",
+    }
 
     for url in urls:
         _check(page, url, problems, theme)
+        if screen is PHONE and theme == "light" and url in shots:
+            shoot(page, shots[url])
     # Signed out: the sign-in page, and a page that does not exist.
-    signed_out = console.open(viewport=PHONE, color_scheme=theme)
+    signed_out = console.open(viewport=screen, color_scheme=theme)
     _check(signed_out, reverse("login"), problems, theme)
     _check(page, "/no-such-page/", problems, theme)
 
     assert problems == [], "\n".join(problems)
 
 
-def test_a_wide_trace_scrolls_inside_its_box_not_the_page(
+def test_on_a_phone_the_trace_reads_as_cards_and_a_laptop_scrolls_it_in_its_box(
     console: Console, everyone: User, objects: dict[str, Any]
 ) -> None:
     task = objects["tasks"][1]
-    page = console.sign_in(everyone, viewport=PHONE)
+    phone = console.sign_in(everyone, viewport=PHONE)
 
-    page.goto(f"/tasks/{task.id}/")
+    phone.goto(f"/tasks/{task.id}/")
 
-    box = page.locator(".scroll", has=page.locator("table.trace"))
+    rows = phone.locator("#trace-rows > tr")
+    assert rows.count() >= 2
+    # Each event is a block of its own, its cells named: "Tool send_notice", not a column.
+    assert rows.first.evaluate("(el) => getComputedStyle(el).display") == "block"
+    tool = rows.nth(1).locator("td[data-label='Tool']")
+    expect(tool).to_have_text("send_notice")
+    assert tool.evaluate("(el) => getComputedStyle(el, '::before').content") == '"Tool"'
+    assert phone.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+
+    laptop = console.sign_in(everyone, viewport=LAPTOP)
+    laptop.goto(f"/tasks/{task.id}/")
+    box = laptop.locator(".scroll", has=laptop.locator("table.trace"))
     assert box.count() == 1
-    inner, outer = box.evaluate("(el) => [el.scrollWidth, el.clientWidth]")
-    assert outer <= PHONE["width"]
-    assert inner >= outer  # the trace may be wider than the screen; its box scrolls
-    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
     assert box.evaluate("(el) => getComputedStyle(el).overflowX") == "auto"
+    assert laptop.locator("table.trace thead").is_visible()
+    assert laptop.evaluate("document.documentElement.scrollWidth") <= LAPTOP["width"]
+
+
+def test_on_a_phone_the_navigation_is_one_menu_a_keyboard_opens(
+    console: Console, everyone: User
+) -> None:
+    page = console.sign_in(everyone, viewport=PHONE)
+    audit = page.get_by_role("link", name="Audit log", exact=True)
+    expect(audit).to_be_hidden()
+    header = page.locator("header.top").bounding_box()
+    assert header is not None and header["height"] < 60  # one row, not three
+
+    page.keyboard.press("Tab")  # the skip link
+    page.keyboard.press("Tab")  # the brand
+    page.keyboard.press("Tab")
+    menu = page.get_by_text("Menu", exact=True)
+    expect(menu).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(audit).to_be_visible()
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("link", name="Dashboard", exact=True)).to_be_focused()
+    audit.focus()
+    page.keyboard.press("Enter")
+
+    expect(page.get_by_role("heading", name="Audit log")).to_be_visible()
+    expect(page.get_by_role("link", name="Audit log", exact=True)).to_be_hidden()  # closed
 
 
 def test_a_browser_in_tokyo_sees_tokyo_times_and_is_told_so(
@@ -307,7 +451,7 @@ def test_an_operator_ticks_a_task_with_the_keyboard_and_the_live_list_leaves_it_
     page.keyboard.press("Enter")
 
     expect(page.locator(".messages")).to_contain_text(
-        f"1 task(s) stopped or cancelled: #{doubt.id}"
+        f"Stopped 1 task: #{doubt.id}."
     )
     assert Task.objects.get(id=doubt.id).state == "CANCELLED"
 

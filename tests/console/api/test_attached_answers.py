@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from console import services
-from console.models import StopReport, Task, TaskState
+from console.models import AuditEntry, StopReport, Task, TaskState
 from console.roles import Role
 
 from .helpers import Caller
@@ -59,3 +59,30 @@ def test_every_step_after_the_stop_answers_the_same_report_and_charges_nothing(
     late = started.step("model", usage={"tokens": 40, "cost": 3})
     assert late["stop"] == first  # terminal is sticky: 200 with the report...
     assert Task.objects.values_list("tokens", "spend").get(id=started.task) == spent  # ...free
+
+
+def test_a_secret_in_what_a_client_says_of_itself_is_masked_everywhere(
+    caller: Callable[..., Caller],
+) -> None:
+    secret = "sk-live-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c"
+    client = Client(caller(Role.AGENT))
+    assert client.start(client=f"refund-service/2 key={secret}").status_code == 201
+    admin = caller(Role.ADMIN)
+    from django.test import Client as Browser
+
+    browser = Browser()
+    browser.force_login(admin.user)
+    shown = [
+        admin.get(f"/api/tasks/{client.task}").content,
+        admin.get("/api/tasks").content,
+        browser.get("/tasks/").content,
+        browser.get(f"/tasks/{client.task}/").content,
+        browser.get("/audit/").content,
+        b"".join(browser.get("/audit.csv").streaming_content),
+        b"".join(browser.get("/audit.json").streaming_content),
+    ]
+    assert all(secret.encode() not in page for page in shown)
+    task = Task.objects.get(id=client.task)
+    assert secret not in task.client and task.client.startswith("refund-service/2")
+    assert all(secret not in str(entry.reason) + str(entry.after)
+               for entry in AuditEntry.objects.filter(task=task))  # fmt: skip

@@ -33,7 +33,7 @@ def test_stopping_the_ticked_tasks_cancels_each_with_its_own_audit_entry(
         follow=True,
     )
 
-    assert "2 task(s) stopped or cancelled: #" in body(answer)
+    assert f"Stopped 2 tasks: #{ticked[0]}, #{ticked[1]}." in body(answer)
     states = dict(Task.objects.values_list("id", "state"))
     assert [states[t.id] for t in held] == ["CANCELLED", "NEEDS_HUMAN", "CANCELLED"]
     entries = AuditEntry.objects.filter(action=AuditAction.STOP)
@@ -55,7 +55,7 @@ def test_every_task_the_filters_match_and_why_some_could_not_be_changed(
     )
 
     html = body(answer)
-    assert "3 task(s) stopped or cancelled" in html
+    assert "Stopped 3 tasks: #" in html
     assert answer.redirect_chain[-1][0] == "/tasks/?state=NEEDS_HUMAN"  # the same list
     assert all(t.state == "CANCELLED" for t in Task.objects.filter(id__in=[h.id for h in held]))
     assert Task.objects.get(id=done.id).state == TaskState.COMPLETED  # not matched: untouched
@@ -86,7 +86,7 @@ def test_bulk_approval_skips_a_task_with_an_uncertain_write(
         )
     )
 
-    assert f"1 task(s) resumption approved for: #{fine.id}" in html
+    assert f"Approved the resumption of 1 task: #{fine.id}." in html
     assert f"#{doubtful.id} was not changed:" in html
     assert Task.objects.get(id=fine.id).state == TaskState.QUEUED
     assert Task.objects.get(id=doubtful.id).state == TaskState.NEEDS_HUMAN
