@@ -61,10 +61,8 @@ from .inputs import (
     key_problem,
 )
 from .ledger import DatabaseLedger
-from .lifecycle import limits_of, operator_stop_detail, usage_of
+from .lifecycle import audit_automatic_settle, limits_of, operator_stop_detail, usage_of
 from .models import (
-    AuditAction,
-    AuditEntry,
     Decision,
     EventKind,
     Operation,
@@ -775,18 +773,10 @@ class _Driver:
             op = Operation.objects.filter(key=key, state=reached).first()
             if op is None:  # the ledger refused the move (a person settled it first)
                 continue
-            action = AuditAction.MARK_NOT_COMMITTED
-            if found.committed:
-                action = AuditAction.MARK_COMMITTED
-            AuditEntry.objects.create(
-                actor=self.actor,
-                action=action,
-                task_id=self.task.id,
-                operation=op,
-                reason=f"settled automatically, without a person: {found.evidence}",
-                before={"state": "UNKNOWN"},
-                after={"state": op.state, "by": "automatic settle", "client": self.task.client},
-            )
+            audit_automatic_settle(
+                op, actor=self.actor, task_id=self.task.id, before=OperationState.UNKNOWN,
+                said=found.evidence, client=self.task.client,
+            )  # fmt: skip
         self.settled = []
 
     # -- helpers -----------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -479,14 +478,7 @@ def recovery_quiet_seconds() -> float:
     """How long a lost driver must have been silent (since its lease ran out) before its
     write may be settled ``NOT_COMMITTED`` from a lookup: ``LOOPGUARD_RECOVERY_QUIET_SECONDS``,
     by default three leases (``LOOPGUARD_LEASE_SECONDS``)."""
-    raw = getattr(settings, "LOOPGUARD_RECOVERY_QUIET_SECONDS", None)
-    if raw is None:
-        return 3 * float(settings.LOOPGUARD_LEASE_SECONDS)
-    if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 <= raw < math.inf:
-        raise ImproperlyConfigured(
-            f"LOOPGUARD_RECOVERY_QUIET_SECONDS={raw!r} must be a number of seconds ≥ 0"
-        )
-    return float(raw)
+    return float(settings.LOOPGUARD_RECOVERY_QUIET_SECONDS)
 
 
 def quiet_since(task: Task) -> bool:
@@ -558,16 +550,29 @@ def settle_by_lookup(op: Operation, found: Mapping[str, Any] | None, *, task: Ta
     except LostRace:
         logger.info("operation %s was settled by someone else first", op.key)
         return False
-    AuditEntry.objects.create(
+    audit_automatic_settle(
+        op, actor=actor, task_id=task.id, before=before, said=said,
+        lookup=dict(redact(dict(found))),
+    )  # fmt: skip
+    return True
+
+
+def audit_automatic_settle(
+    op: Operation, *, actor: User, task_id: int, before: str, said: str, **answer: Any
+) -> AuditEntry:
+    """The audit entry of a write settled without a person (a tool's lookup, or the client
+    that ran it): ``actor`` is in whose name, ``said`` the evidence, ``answer`` what else the
+    entry keeps of it. Call after the operation's move, in its transaction."""
+    committed = op.state == EntryState.COMMITTED
+    return AuditEntry.objects.create(
         actor=actor,
         action=AuditAction.MARK_COMMITTED if committed else AuditAction.MARK_NOT_COMMITTED,
-        task_id=task.id,
+        task_id=task_id,
         operation=op,
-        reason=f"settled automatically by the tool's lookup: {said}"[:2000],
+        reason=f"settled automatically, without a person: {said}",
         before={"state": before},
-        after={"state": op.state, "by": "lookup", "lookup": dict(redact(dict(found)))},
+        after={"state": op.state, "by": "automatic settle", **answer},
     )
-    return True
 
 
 def _told(found: Mapping[str, Any]) -> str:
@@ -746,6 +751,7 @@ __all__ = [
     "TASK_MOVES",
     "LostRace",
     "add_summary",
+    "audit_automatic_settle",
     "cancel",
     "close",
     "counters_of",

@@ -87,6 +87,12 @@ def _in(field: str, values: Any) -> Q:
     return Q(**{f"{field}__one_of": sorted(values)})  # sorted: stable migrations
 
 
+def lease_lapsed(before: datetime) -> Q:
+    """Running tasks whose driver's lease ran out before ``before``: their driver is lost
+    (served by the partial index ``task_running_lease``)."""
+    return Q(state=TaskState.RUNNING, lease_expires_at__lt=before)
+
+
 def waiting_for_client(lapsed_before: datetime) -> Q:
     """Attached tasks waiting for their client: not stopped, and the client's lease lapsed
     before ``lapsed_before`` — running still (the sweep has not recovered it yet) or queued
@@ -98,7 +104,7 @@ def waiting_for_client(lapsed_before: datetime) -> Q:
     ``task_waiting_client``)."""
     return ~Q(client="") & (
         Q(state=TaskState.QUEUED, lease_expires_at__lt=lapsed_before)
-        | Q(state=TaskState.RUNNING, lease_expires_at__lt=lapsed_before)
+        | lease_lapsed(lapsed_before)
     )
 
 

@@ -28,7 +28,6 @@ from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.db import (
     DatabaseError,
     InterfaceError,
@@ -56,6 +55,7 @@ from .models import (
     OperationState,
     Task,
     TaskState,
+    lease_lapsed,
     waiting_for_client,
 )
 from .redaction import preview, redact
@@ -94,7 +94,7 @@ def sweep(enqueue: Callable[[int], None]) -> dict[str, int]:
     # First: a running task whose client has been gone that long (no sweep ran since its
     # lease lapsed) stops for a person rather than going back to wait again.
     counts = {"client_lost": _lose_clients(now), "recovered": 0, "resumed": 0, "requeued": 0}
-    expired = Task.objects.filter(state=TaskState.RUNNING, lease_expires_at__lt=now)
+    expired = Task.objects.filter(lease_lapsed(now))
     for task_id in expired.values_list("id", flat=True)[:500]:
         with task_context(task_id):
             outcome = _recover(task_id, enqueue)
@@ -136,9 +136,7 @@ def _recover(task_id: int, enqueue: Callable[[int], None] | None) -> _Recovery:
     With ``enqueue`` a recovered task is queued again (on commit); without (a driver about
     to take the task itself), it is only put back in the queue.
     """
-    seen = Task.objects.filter(
-        id=task_id, state=TaskState.RUNNING, lease_expires_at__lt=timezone.now()
-    ).first()
+    seen = Task.objects.filter(lease_lapsed(timezone.now()), id=task_id).first()
     if seen is None:
         return _Recovery.LEFT
     found = _look_up_lost(seen)
@@ -152,12 +150,7 @@ def _recover(task_id: int, enqueue: Callable[[int], None] | None) -> _Recovery:
     with transaction.atomic():
         task = (
             Task.objects.select_for_update(skip_locked=True)
-            .filter(
-                id=task_id,
-                state=TaskState.RUNNING,
-                lease_owner=seen.lease_owner,
-                lease_expires_at__lt=timezone.now(),
-            )
+            .filter(lease_lapsed(timezone.now()), id=task_id, lease_owner=seen.lease_owner)
             .first()
         )
         if task is None:
@@ -179,13 +172,8 @@ def _recover(task_id: int, enqueue: Callable[[int], None] | None) -> _Recovery:
 def lookup_bounds() -> tuple[int, float]:
     """How often, and for how long in all, recovery asks one lost write's lookup:
     ``LOOPGUARD_RECOVERY_LOOKUP_TRIES`` (3) and ``LOOPGUARD_RECOVERY_LOOKUP_SECONDS`` (10)."""
-    tries = getattr(settings, "LOOPGUARD_RECOVERY_LOOKUP_TRIES", 3)
-    seconds = getattr(settings, "LOOPGUARD_RECOVERY_LOOKUP_SECONDS", 10.0)
-    if isinstance(tries, bool) or not isinstance(tries, int) or tries < 1:
-        raise ImproperlyConfigured(f"LOOPGUARD_RECOVERY_LOOKUP_TRIES={tries!r} must be ≥ 1")
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
-        raise ImproperlyConfigured(f"LOOPGUARD_RECOVERY_LOOKUP_SECONDS={seconds!r} must be > 0")
-    return tries, float(min(seconds, 3600.0))
+    tries = int(settings.LOOPGUARD_RECOVERY_LOOKUP_TRIES)
+    return tries, float(min(settings.LOOPGUARD_RECOVERY_LOOKUP_SECONDS, 3600.0))
 
 
 def _look_up_lost(task: Task) -> dict[str, dict[str, Any]]:
@@ -310,9 +298,7 @@ def _drive(task_id: int, owner: str) -> str:
         # An attached task's own client drives it (console.attached); a worker never does.
         logger.warning("task %s is attached: its client drives it, not a worker", task_id)
         return "attached: its client drives it"
-    lost = Task.objects.filter(
-        id=task_id, state=TaskState.RUNNING, lease_expires_at__lt=timezone.now()
-    )
+    lost = Task.objects.filter(lease_lapsed(timezone.now()), id=task_id)
     if Operation.objects.filter(task__in=lost, state=OperationState.IN_FLIGHT).exists():
         # A driver was lost inside a write and no sweep has recovered the task yet: its
         # tools' lookups are asked first, as the sweep asks them, outside the lease's

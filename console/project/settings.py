@@ -439,6 +439,8 @@ LOOPGUARD_MAX_RECOVERIES = env_int("LOOPGUARD_MAX_RECOVERIES", 3)
 # Before a person is paged for a write a lost driver left in flight, its tool's lookup is
 # asked, outside any transaction: this many tries, within this many seconds for one write.
 LOOPGUARD_RECOVERY_LOOKUP_TRIES = env_int("LOOPGUARD_RECOVERY_LOOKUP_TRIES", 3)
+if LOOPGUARD_RECOVERY_LOOKUP_TRIES < 1:
+    raise ImproperlyConfigured("LOOPGUARD_RECOVERY_LOOKUP_TRIES must be at least 1")
 LOOPGUARD_RECOVERY_LOOKUP_SECONDS = env_float("LOOPGUARD_RECOVERY_LOOKUP_SECONDS", 10.0)
 # A lookup's "not committed" lets the write run again only once the lost driver has been
 # silent this long (a frozen worker may still be about to make it): three leases.
