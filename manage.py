@@ -13,10 +13,12 @@ import hashlib
 import json
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -30,6 +32,8 @@ DIST = ROOT / ".loopguard" / "dist"  # where `manage.py dist` puts the wheels (-
 # Where .venv's editable install of the guard's distribution is laid out (pip's place for
 # editable sources); its guard/ is a link to this checkout's.
 GUARD_EDITABLE = VENV / "src" / "loopguard-guard"
+# The framework integrations, each with its extra: named there once.
+INTEGRATIONS = ROOT / "guard" / "_integrations.py"
 
 
 def python_version(executable: str | Path) -> tuple[int, int] | None:
@@ -274,12 +278,13 @@ def install(extras: str) -> None:
     STAMP.write_text(f"{digest} {extras}\n")
 
 
-def ensure_environment(extras: str = "") -> None:
+def ensure_environment(extras: str | Callable[[], str] = "") -> None:
     """Make sure we run inside an up-to-date .venv; re-exec into it when we are not (the
-    install happens in there: reading pyproject.toml needs a Python 3.12+)."""
+    install happens in there: reading pyproject.toml needs a Python 3.12+). ``extras`` may
+    be a function, called only in there."""
     if Path(sys.prefix).resolve() == VENV.resolve():
         os.environ.pop(REEXEC_MARK, None)  # so that a nested `python3 manage.py` may re-exec
-        install(extras)
+        install(extras() if callable(extras) else extras)
         return
     if os.environ.get(REEXEC_MARK):
         sys.exit(f"manage.py: re-exec into {VENV_PYTHON} did not land in the venv")
@@ -334,6 +339,18 @@ def run_django(argv: list[str]) -> None:
     execute_from_command_line(argv)
 
 
+def integration_extras() -> list[str]:
+    """The extra of each framework integration, from guard/_integrations.py, run by its path:
+    it imports only the standard library, nothing of the guard's."""
+    return [integration.extra for integration in runpy.run_path(str(INTEGRATIONS))["INTEGRATIONS"]]
+
+
+def extras_for_tests() -> str:
+    """What `manage.py test` installs: the dev tools, the model agent's client and every
+    framework integration's framework (their tests need them)."""
+    return ",".join(["dev", "model", *integration_extras()])
+
+
 def model_extra() -> str:
     """The model agent's client once a model is configured (LOOPGUARD_MODEL_URL)."""
     return "model" if os.environ.get("LOOPGUARD_MODEL_URL") else ""
@@ -371,11 +388,12 @@ Runs, in order and stopping at the first that fails:
                     workers and headless Chromium; arguments are passed to pytest
                     (for instance `-m "not slow"`, `tests/guard`, `-x`).
 
-Before it runs, .venv gets the guard's distribution and the console's with its dev, model,
-langchain and openai-agents extras, both editable (the first time, or when pyproject.toml
-changed), and Debian's chromium package is installed if it is missing and this is root
-with apt (otherwise the browser tests are skipped, and say so). tests/deploy builds both
-wheels as `manage.py dist` does and runs an agent on the guard's alone, in an empty venv.
+Before it runs, .venv gets the guard's distribution and the console's with its dev and
+model extras and the extra of every framework integration (guard/_integrations.py names
+them), both editable (the first time, or when pyproject.toml changed), and Debian's
+chromium package is installed if it is missing and this is root with apt (otherwise the
+browser tests are skipped, and say so). tests/deploy builds both wheels as `manage.py
+dist` does and runs an agent on the guard's alone, in an empty venv.
 
 Nothing is installed to show this text.
 """
@@ -405,8 +423,7 @@ def main(argv: list[str]) -> None:
     if command == "dist":
         run_dist(argv[2:])  # needs no .venv, and installs nothing into one
     elif command == "test":
-        # The model agent's client and the framework integrations are extras their tests need.
-        ensure_environment("dev,model,langchain,openai-agents")
+        ensure_environment(extras_for_tests)
         run_tests(argv[2:])
     elif command == "up":
         ensure_environment(model_extra())

@@ -27,6 +27,7 @@ import hashlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -278,9 +279,9 @@ def _step(
         now = Task.objects.get(id=task.id)
         if now.is_terminal:  # stopped before it ran, or recovered from a lost client
             return _remembered(store, _stopped(now), answered)
-        left = None
-        if now.lease_expires_at is not None:
-            left = max(1.0, (now.lease_expires_at - timezone.now()).total_seconds())
+        at = timezone.now()
+        until = now.lease_alive_until(at)
+        left = None if until is None else max(1.0, (until - at).total_seconds())
         raise ProtocolRefused("lease_held", f"task {task.id}: {taken}", retry_after=left)
     return _Driver(taken, store, actor=actor, handover=handover).run(step, fields, answered)
 
@@ -297,11 +298,10 @@ def _fresh(task: Task, lease: str) -> bool:
     """Whether ``lease`` drives the running ``task`` with more than two thirds of its lease
     left: the step goes on without renewing it (one statement fewer); a later step renews
     it well before it runs out."""
-    expires = task.lease_expires_at
-    if task.state != TaskState.RUNNING or task.lease_owner != lease or expires is None:
+    if task.state != TaskState.RUNNING or task.lease_owner != lease:
         return False
-    left = (expires - timezone.now()).total_seconds()
-    return left > lease_seconds() * 2 / 3
+    renew_before = timezone.now() + timedelta(seconds=lease_seconds() * 2 / 3)
+    return task.lease_alive_until(renew_before) is not None
 
 
 def _settle_late(task: Task, lease: str, fields: Mapping[str, Any]) -> None:

@@ -14,7 +14,9 @@ from urllib.parse import urlsplit
 
 import redis
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
+
+from .store.queries import database_answers
 
 logger = logging.getLogger(__name__)
 
@@ -25,9 +27,7 @@ REDIS_TIMEOUT_S = 2.0
 def database_is_up() -> bool:
     """Return whether the database (PostgreSQL, or SQLite standalone) answers `SELECT 1`."""
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-            return bool(cursor.fetchone() == (1,))
+        return database_answers()
     except DatabaseError:
         logger.exception("healthz: database check failed")
         return False

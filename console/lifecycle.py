@@ -1,4 +1,5 @@
-"""The task state machine: every move of a task's state, and nothing else moves it.
+"""The state machines: every move of a task's state, and nothing else moves it; the moves
+of operations, approvals and notices too.
 
 Each move is a conditional update "from this state to that one" (:data:`TASK_MOVES`)
 that writes its history in the same transaction: a stop report, the phase's end and a
@@ -8,9 +9,14 @@ A move that finds the task in another state than the one it starts from raises
 the services lock the task row first and write their audit entry in the same
 transaction, the drivers and the recovery sweep hold the row or its lease.
 
+The tables are data in ``console.models`` (layer 1), so that a task can say what it allows
+(``Task.can_stop`` and its kin read :data:`TASK_MOVES` there); the moves are made here.
+
 Operations move by :func:`operation_move`, by ``guard.steps.OPERATION_MOVES``: recovery
 here, the step stores' ORM moves and the services' reconciliation all call it (the
-PostgreSQL store's statements build their conditions from the same table).
+PostgreSQL store's statements build their conditions from the same table). An approval is
+answered by :func:`approval_move` (:data:`APPROVAL_MOVES`), a notice's delivery moves by
+:func:`notice_move` (:data:`NOTICE_MOVES`).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from guard import Kind, Limits, Reason, Report, Result, State, Usage
@@ -33,14 +39,17 @@ from guard.steps import DIMENSIONS, OPERATION_MOVES
 from guard.steps import Operation as Entry
 
 from .models import (
+    APPROVAL_MOVES,
     CLIENT_LOST,
+    NOTICE_MOVES,
     RESTART_LOOP,
-    RESUMABLE_STATES,
+    TASK_MOVES,
     TERMINAL_STATES,
     Approval,
     AuditAction,
     AuditEntry,
     EventKind,
+    Notice,
     NoticeKind,
     NotificationEvent,
     Operation,
@@ -54,37 +63,6 @@ from .models import (
 from .redaction import preview, redact, redact_text
 
 logger = logging.getLogger(__name__)
-
-TASK_MOVES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    # A driver takes a queued task (the first start, a resumption, a requeue).
-    "start": (frozenset({TaskState.QUEUED}), frozenset({TaskState.RUNNING})),
-    # A driver takes over a running task whose driver's lease ran out (after recovery).
-    "take_over": (frozenset({TaskState.RUNNING}), frozenset({TaskState.RUNNING})),
-    # An operator asks a running task to stop: its driver ends it.
-    "request_stop": (frozenset({TaskState.RUNNING}), frozenset({TaskState.RUNNING})),
-    # A driver records the guard's stop, or recovery a lost driver's end.
-    "finish": (frozenset({TaskState.RUNNING}), frozenset(TERMINAL_STATES)),
-    # The same goal keeps being started: held for a person before it runs.
-    "hold": (frozenset({TaskState.QUEUED}), frozenset({TaskState.NEEDS_HUMAN})),
-    # Stopped before it ran: queued, or held for a restart loop.
-    "cancel": (
-        frozenset({TaskState.QUEUED, TaskState.NEEDS_HUMAN}),
-        frozenset({TaskState.CANCELLED}),
-    ),
-    # An approved resumption opens a new phase.
-    "resume": (RESUMABLE_STATES, frozenset({TaskState.QUEUED})),
-    # Recovery hands a running task whose driver is gone back to the queue.
-    "requeue": (frozenset({TaskState.RUNNING}), frozenset({TaskState.QUEUED})),
-    # A person rejects the call a stopped task waits for, and ends the task.
-    "close": (frozenset({TaskState.NEEDS_HUMAN}), frozenset({TaskState.PARTIAL})),
-    # An attached task whose client did not come back in time (queued again after its
-    # lease lapsed, or running still when no sweep ran meanwhile) waits for a person.
-    "lose_client": (
-        frozenset({TaskState.QUEUED, TaskState.RUNNING}),
-        frozenset({TaskState.NEEDS_HUMAN}),
-    ),
-}
-"""Every move a task may make: name -> (states it may leave, states it may reach)."""
 
 _LOSE_FROM = OPERATION_MOVES["lose"][0]
 # The moves made from trusted evidence: the evidence is kept on the row, not only in its
@@ -199,23 +177,79 @@ def operation_move(
     return op
 
 
+# -- approval and notice moves ---------------------------------------------------------------
+
+
+def approval_move(
+    approval: Approval, move: str, *, actor: User, reason: str, on_reject: str = ""
+) -> Approval:
+    """Answer ``approval`` (as the caller saw it, holding its row and its task's) by
+    ``APPROVAL_MOVES[move]``: a conditional update from the state seen, with who answered,
+    when and why (``on_reject``: what a rejection does to the task). Raises
+    :class:`LostRace` when it is not in a state the move may leave, or was answered
+    meanwhile. Inside a transaction, whose audit entry (the caller's) is its history;
+    ``approval`` is updated in place."""
+    sources, target = APPROVAL_MOVES[move]
+    seen = approval.state
+    if seen not in sources:
+        raise LostRace(f"approval {approval.id} is {seen}, cannot become {target}")
+    now = timezone.now()
+    answer: dict[str, Any] = {
+        "decided_by": actor,
+        "decided_at": now,
+        "reason": reason,
+        "on_reject": on_reject,
+    }
+    if Approval.objects.filter(id=approval.id, state=seen).update(state=target, **answer) != 1:
+        raise LostRace(f"approval {approval.id} is no longer {seen}")
+    approval.state = target
+    for name, value in answer.items():
+        setattr(approval, name, value)
+    return approval
+
+
+def notice_move(notice: Notice, move: str, *, when: Q | None = None, **fields: Any) -> bool:
+    """Move ``notice`` by ``NOTICE_MOVES[move]`` with ``fields``, as a conditional update
+    from the state and the try number it was seen in (``notice.state``,
+    ``notice.attempts``), and only ``when`` that holds too (a claim: its channel is still
+    active): the try number is the claim's token, so a worker whose claim ran out and was
+    taken by another moves nothing. True if it moved (``notice`` is then updated in
+    place); False if someone else moved it first, or the move cannot leave its state. A
+    lost race is no error here: the other worker's try decides the state."""
+    sources, target = NOTICE_MOVES[move]
+    if notice.state not in sources:
+        return False
+    seen = Notice.objects.filter(
+        when or Q(), id=notice.id, state=notice.state, attempts=notice.attempts
+    )
+    if seen.update(state=target, **fields) != 1:
+        return False
+    notice.state = target
+    for name, value in fields.items():
+        setattr(notice, name, value)
+    return True
+
+
 # -- moves -----------------------------------------------------------------------------------
 
 
-def _moved(
-    task_id: int, move: str, target: str, *, seen: str, owner: str | None = None, **fields: Any
-) -> None:
-    """The conditional update of one move: from ``seen`` (which the move may leave) to
-    ``target``, and only while ``owner`` holds the lease when given; raises
-    :class:`LostRace` unless exactly one row changed."""
-    sources, targets = TASK_MOVES[move]
-    if seen not in sources or target not in targets:
-        raise LostRace(f"task {task_id} cannot {move} from {seen} to {target}")
-    condition: dict[str, Any] = {"id": task_id, "state": seen}
+def _moved(task: Task, move: str, target: str, *, owner: str | None = None, **fields: Any) -> None:
+    """The conditional update of one move: from the state ``task`` was seen in (and the
+    reason it stopped for, where the move asks), which the move may leave, to ``target``,
+    and only while ``owner`` holds the lease when given; raises :class:`LostRace` unless
+    exactly one row changed."""
+    seen, reason = str(task.state), task.reason
+    rule = TASK_MOVES[move]
+    if not rule.leaves(seen, reason) or target not in rule.targets:
+        stopped = f" ({reason})" if reason else ""
+        raise LostRace(f"task {task.id} cannot {move} from {seen}{stopped} to {target}")
+    condition: dict[str, Any] = {"id": task.id, "state": seen}
+    if rule.stopped_for is not None and seen in TERMINAL_STATES:
+        condition["reason"] = reason
     if owner is not None:
         condition["lease_owner"] = owner
     if Task.objects.filter(**condition).update(state=target, **fields) != 1:
-        raise LostRace(f"task {task_id} is no longer {seen}")
+        raise LostRace(f"task {task.id} is no longer {seen}")
 
 
 def finish_task(
@@ -245,9 +279,7 @@ def finish_task(
     elif reason == Reason.APPROVAL_REJECTED:
         move = "close"
     elif state == TaskState.CANCELLED:
-        if seen == TaskState.NEEDS_HUMAN and task.reason != RESTART_LOOP:
-            raise LostRace(f"task {task.id} has already stopped ({seen})")
-        move = "cancel"
+        move = "cancel"  # a stopped task only if it was held (TASK_MOVES says for what)
     else:
         move = "hold"
     now = timezone.now()
@@ -263,7 +295,7 @@ def finish_task(
     }
     if checkpoint is not None:
         fields["checkpoint"] = checkpoint
-    _moved(task.id, move, state, seen=seen, owner=owner, **fields)
+    _moved(task, move, state, owner=owner, **fields)
     Phase.objects.filter(task_id=task.id, number=task.phase).update(
         ended_at=now, state=state, reason=reason
     )
@@ -376,10 +408,11 @@ def start_drive(task_id: int, owner: str, *, lease_seconds: float) -> Task | str
     if task.state not in (TaskState.QUEUED, TaskState.RUNNING):
         return f"nothing to do: the task is {task.state}"
     now = timezone.now()
-    if task.lease_owner and task.lease_expires_at and task.lease_expires_at > now:
+    alive_until = task.lease_alive_until(now)
+    if alive_until is not None:
         if task.lease_owner != owner:
             # Never the holder's lease itself: it is that driver's credential of the task.
-            left = max(1, math.ceil((task.lease_expires_at - now).total_seconds()))
+            left = max(1, math.ceil((alive_until - now).total_seconds()))
             return f"another driver holds the lease for {left} more seconds"
     elif task.state == TaskState.RUNNING and not recover(task, why="driver lost"):
         return "recovered: the task stopped"
@@ -393,10 +426,9 @@ def start_drive(task_id: int, owner: str, *, lease_seconds: float) -> Task | str
     expires = now + timedelta(seconds=lease_seconds)
     move = "start" if task.state == TaskState.QUEUED else "take_over"
     _moved(
-        task.id,
+        task,
         move,
         TaskState.RUNNING,
-        seen=task.state,
         lease_owner=owner,
         lease_expires_at=expires,
         updated_at=now,
@@ -606,7 +638,7 @@ def requeue(task: Task) -> None:
     fields: dict[str, Any] = {"lease_owner": "", "updated_at": timezone.now()}
     if not task.is_attached:
         fields["lease_expires_at"] = None
-    _moved(task.id, "requeue", TaskState.QUEUED, seen=task.state, **fields)
+    _moved(task, "requeue", TaskState.QUEUED, **fields)
 
 
 def lose_client(task: Task) -> None:
@@ -647,10 +679,9 @@ def request_stop(task: Task, *, actor: User, note: str) -> None:
     if task.stop_requested_at is not None:
         raise LostRace(f"task {task.id} is already stopping")
     _moved(
-        task.id,
+        task,
         "request_stop",
         TaskState.RUNNING,
-        seen=task.state,
         stop_requested_at=now,
         stop_requested_by=actor,
         stop_note=note,
@@ -661,6 +692,9 @@ def request_stop(task: Task, *, actor: User, note: str) -> None:
 def cancel(task: Task, *, actor: User, note: str) -> None:
     """``cancel``: a task that has not run (queued, or held for a restart loop) ends
     ``CANCELLED``/``operator_stop`` at once, with a stop report of its own."""
+    if not task.allows("cancel"):  # before the stop fact: a task that ran keeps its end
+        stopped = f" ({task.reason})" if task.reason else ""
+        raise LostRace(f"task {task.id} cannot cancel from {task.state}{stopped}")
     now = timezone.now()
     if (
         Task.objects.filter(id=task.id, state=task.state).update(
@@ -721,10 +755,9 @@ def resume(
     Returns the new phase's number."""
     number = task.phase + 1
     _moved(
-        task.id,
+        task,
         "resume",
         TaskState.QUEUED,
-        seen=task.state,
         reason="",
         detail="",
         limits=dict(limits),
@@ -747,10 +780,13 @@ def resume(
 
 
 __all__ = [
+    "APPROVAL_MOVES",
+    "NOTICE_MOVES",
     "RECOVERY_ACCOUNT",
     "TASK_MOVES",
     "LostRace",
     "add_summary",
+    "approval_move",
     "audit_automatic_settle",
     "cancel",
     "close",
@@ -761,6 +797,7 @@ __all__ = [
     "hold",
     "limits_of",
     "lose_client",
+    "notice_move",
     "operation_move",
     "quiet_since",
     "recover",

@@ -38,7 +38,18 @@ from prometheus_client.core import (
 from guard import Reason
 from guard.steps import DIMENSIONS, Dimension
 
-from .models import EventKind, Operation, OperationState, StopReport, Task, TaskState, TraceEvent
+from .models import (
+    UNSETTLED_STATES,
+    EventKind,
+    Operation,
+    OperationState,
+    StopReport,
+    Task,
+    TaskState,
+    TraceEvent,
+    lease_alive,
+    lease_lapsed,
+)
 
 # The classic text format, whatever a scraper's Accept asks for: every Prometheus reads it.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -112,7 +123,7 @@ def _tasks(now: datetime) -> tuple[dict[str, int], int, dict[str, dict[str, int]
         Task.objects.values("agent", "state")
         .annotate(
             n=Count("id"),
-            expired=Count("id", filter=Q(state=TaskState.RUNNING, lease_expires_at__lt=now)),
+            expired=Count("id", filter=lease_lapsed(now)),
             **{dim.used: Sum(dim.used) for dim in SPENT},
         )
         .order_by()
@@ -130,18 +141,13 @@ def _operations(now: datetime) -> tuple[int, int, int]:
     """Unknown, in-flight, and in-flight operations whose task's lease ran out."""
     in_flight = Q(state=OperationState.IN_FLIGHT)
     # Only unsettled operations: the reconciliation queue's partial index serves this.
-    counts = Operation.objects.filter(
-        state__in=[OperationState.UNKNOWN, OperationState.IN_FLIGHT]
-    ).aggregate(
+    counts = Operation.objects.filter(state__in=sorted(UNSETTLED_STATES)).aggregate(
         unknown=Count("id", filter=Q(state=OperationState.UNKNOWN)),
         in_flight=Count("id", filter=in_flight),
-        # Its driver is gone (or the task holds no lease at all): the beat sweep turns these
-        # UNKNOWN within a sweep period, so one that stays means no sweep is running.
-        stranded=Count(
-            "id",
-            filter=in_flight
-            & (Q(task__lease_expires_at__lt=now) | Q(task__lease_expires_at__isnull=True)),
-        ),
+        # Its driver is gone (its task's lease is not alive, or it holds none at all): the
+        # beat sweep turns these UNKNOWN within a sweep period, so one that stays means no
+        # sweep is running.
+        stranded=Count("id", filter=in_flight & ~lease_alive(now, via="task__")),
     )
     return counts["unknown"], counts["in_flight"], counts["stranded"]
 

@@ -10,8 +10,9 @@ conditional updates.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import models
@@ -21,6 +22,7 @@ from django.utils import timezone
 from guard import OperationState as GuardOperationState
 from guard import Reason as GuardReason
 from guard import State as GuardState
+from guard.steps import OPERATION_MOVES
 
 RESTART_LOOP = "restart_loop"
 CLIENT_LOST = "client_lost"
@@ -46,11 +48,80 @@ RESUMABLE_STATES = frozenset(TERMINAL_STATES - {TaskState.COMPLETED.value})
 STOP_REASONS = (*(r.value for r in GuardReason), RESTART_LOOP, CLIENT_LOST)
 
 
+class TaskMove(NamedTuple):
+    """One move of a task's state (:data:`TASK_MOVES`)."""
+
+    sources: frozenset[str]
+    """The states it may leave."""
+    targets: frozenset[str]
+    """The states it may reach."""
+    stopped_for: frozenset[str] | None = None
+    """Leaving a stopped (terminal) state, the stop reasons it may leave it for (``None``:
+    any). A task queued or running has no reason."""
+
+    def leaves(self, state: str, reason: str) -> bool:
+        """Whether a task in ``state``, stopped for ``reason``, may make this move."""
+        if state not in self.sources:
+            return False
+        if state not in TERMINAL_STATES or self.stopped_for is None:
+            return True
+        return reason in self.stopped_for
+
+
+TASK_MOVES: Mapping[str, TaskMove] = {
+    # A driver takes a queued task (the first start, a resumption, a requeue).
+    "start": TaskMove(frozenset({TaskState.QUEUED}), frozenset({TaskState.RUNNING})),
+    # A driver takes over a running task whose driver's lease ran out (after recovery).
+    "take_over": TaskMove(frozenset({TaskState.RUNNING}), frozenset({TaskState.RUNNING})),
+    # An operator asks a running task to stop: its driver ends it.
+    "request_stop": TaskMove(frozenset({TaskState.RUNNING}), frozenset({TaskState.RUNNING})),
+    # A driver records the guard's stop, or recovery a lost driver's end.
+    "finish": TaskMove(frozenset({TaskState.RUNNING}), frozenset(TERMINAL_STATES)),
+    # The same goal keeps being started: held for a person before it runs.
+    "hold": TaskMove(frozenset({TaskState.QUEUED}), frozenset({TaskState.NEEDS_HUMAN})),
+    # An operator stops a task before it ever ran: queued, or held for a restart loop. A
+    # task that has stopped for any other reason stays as it stopped (terminal is sticky).
+    "cancel": TaskMove(
+        frozenset({TaskState.QUEUED, TaskState.NEEDS_HUMAN}),
+        frozenset({TaskState.CANCELLED}),
+        stopped_for=frozenset({RESTART_LOOP}),
+    ),
+    # An approved resumption opens a new phase (a held call's answer too).
+    "resume": TaskMove(RESUMABLE_STATES, frozenset({TaskState.QUEUED})),
+    # Recovery hands a running task whose driver is gone back to the queue.
+    "requeue": TaskMove(frozenset({TaskState.RUNNING}), frozenset({TaskState.QUEUED})),
+    # A person rejects the call a stopped task waits for, and ends the task.
+    "close": TaskMove(
+        frozenset({TaskState.NEEDS_HUMAN}),
+        frozenset({TaskState.PARTIAL}),
+        stopped_for=frozenset({APPROVAL_REQUIRED}),
+    ),
+    # An attached task whose client did not come back in time (queued again after its
+    # lease lapsed, or running still when no sweep ran meanwhile) waits for a person.
+    "lose_client": TaskMove(
+        frozenset({TaskState.QUEUED, TaskState.RUNNING}), frozenset({TaskState.NEEDS_HUMAN})
+    ),
+}
+"""Every move a task may make: name -> (states it may leave, states it may reach, and the
+stop reasons it may leave a stopped state for). ``console.lifecycle`` makes the moves;
+:meth:`Task.allows` (and so ``can_stop``, ``can_cancel``, ``can_resume``) reads them here."""
+
+
 class OperationState(models.TextChoices):
     IN_FLIGHT = GuardOperationState.IN_FLIGHT.value, "in flight"
     UNKNOWN = GuardOperationState.UNKNOWN.value, "unknown"
     COMMITTED = GuardOperationState.COMMITTED.value, "committed"
     NOT_COMMITTED = GuardOperationState.NOT_COMMITTED.value, "not committed"
+
+
+UNSETTLED_STATES = frozenset(
+    state.value
+    for move in ("settle_committed", "settle_not_committed")
+    for state in OPERATION_MOVES[move][0]
+    if state is not None
+)
+"""The operation states trusted evidence settles (a person, a lookup): the write may or may
+not have happened, and its task may not go on until it is settled."""
 
 
 @models.CharField.register_lookup
@@ -87,24 +158,39 @@ def _in(field: str, values: Any) -> Q:
     return Q(**{f"{field}__one_of": sorted(values)})  # sorted: stable migrations
 
 
+def lease_alive(at: datetime, *, via: str = "") -> Q:
+    """Tasks whose lease is alive at ``at``: a lease is an owner and an expiry, alive while
+    it names its owner and its expiry is after ``at`` (``via``: the path to the task,
+    ``"task__"`` from an operation). Only a driver that holds a live lease may drive the
+    task; a lease that is not alive is nobody's (its driver is lost, or there is none).
+
+    The one rule of a lease's life, in two forms kept side by side: this one for queries,
+    :meth:`Task.lease_alive_until` for a row already loaded (``tests/console/test_models.py``
+    holds them to the same answers). A running task whose lease is not alive is
+    :func:`lease_lapsed`."""
+    return ~Q(**{f"{via}lease_owner": ""}) & Q(**{f"{via}lease_expires_at__gt": at})
+
+
 def lease_lapsed(before: datetime) -> Q:
-    """Running tasks whose driver's lease ran out before ``before``: their driver is lost
-    (served by the partial index ``task_running_lease``)."""
-    return Q(state=TaskState.RUNNING, lease_expires_at__lt=before)
+    """Running tasks whose driver's lease was not alive any more at ``before`` (it ran out
+    then or earlier): their driver is lost (served by the partial index
+    ``task_running_lease``). Of running tasks with a lease, exactly those that are not
+    :func:`lease_alive` at ``before``."""
+    return Q(state=TaskState.RUNNING, lease_expires_at__lte=before)
 
 
 def waiting_for_client(lapsed_before: datetime) -> Q:
     """Attached tasks waiting for their client: not stopped, and the client's lease lapsed
-    before ``lapsed_before`` — running still (the sweep has not recovered it yet) or queued
-    again (it has: ``lifecycle.requeue`` keeps an attached task's lapsed expiry). The list's
-    filter asks with now, the sweep's client-lost rule with now less the time a client may
-    stay away; :attr:`Task.waiting_for_client_since` is the same rule for one task.
+    by ``lapsed_before`` — running still (:func:`lease_lapsed`: the sweep has not recovered
+    it yet) or queued again (it has: ``lifecycle.requeue`` keeps an attached task's lapsed
+    expiry). The list's filter asks with now, the sweep's client-lost rule with now less the
+    time a client may stay away; :attr:`Task.waiting_for_client_since` is the same rule for
+    one task.
 
     One arm per state, each served by its partial index (``task_running_lease``,
     ``task_waiting_client``)."""
     return ~Q(client="") & (
-        Q(state=TaskState.QUEUED, lease_expires_at__lt=lapsed_before)
-        | lease_lapsed(lapsed_before)
+        Q(state=TaskState.QUEUED, lease_expires_at__lte=lapsed_before) | lease_lapsed(lapsed_before)
     )
 
 
@@ -221,6 +307,14 @@ class Task(models.Model):
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
 
+    def lease_alive_until(self, at: datetime) -> datetime | None:
+        """When its lease runs out, if that lease is alive at ``at``; else ``None``.
+        :func:`lease_alive` for this row as loaded: the lease names its owner, and its
+        expiry is after ``at``."""
+        expires = self.lease_expires_at
+        alive = bool(self.lease_owner) and expires is not None and expires > at
+        return expires if alive else None
+
     @property
     def waiting_for_client_since(self) -> datetime | None:
         """When its client's lease lapsed, for an attached task that has not stopped and
@@ -228,7 +322,7 @@ class Task(models.Model):
         expires = self.lease_expires_at
         if not self.client or self.state not in ACTIVE_STATES or expires is None:
             return None
-        return expires if expires < timezone.now() else None
+        return expires if expires <= timezone.now() else None
 
     @property
     def client_lost_at(self) -> datetime | None:
@@ -239,29 +333,39 @@ class Task(models.Model):
             return None
         return since + timedelta(seconds=settings.LOOPGUARD_ATTACHED_CLIENT_LOST_SECONDS)
 
+    def allows(self, move: str) -> bool:
+        """Whether :data:`TASK_MOVES` lets it make ``move`` as it stands (its state, and the
+        reason it stopped for)."""
+        return TASK_MOVES[move].leaves(self.state, self.reason)
+
     @property
     def can_stop(self) -> bool:
-        """An operator may stop it: it is queued or running and no stop is recorded yet."""
-        return self.state in ACTIVE_STATES and self.stop_requested_at is None
+        """An operator may stop it: it is queued (``cancel``: it ends at once) or running
+        (``request_stop``: its driver ends it), and no stop is recorded yet."""
+        if self.is_terminal or self.stop_requested_at is not None:
+            return False
+        return self.allows("request_stop") or self.allows("cancel")
 
     @property
     def can_cancel(self) -> bool:
-        """An operator may cancel it before it ever ran: it is held for a restart loop."""
-        return self.state == TaskState.NEEDS_HUMAN and self.reason == RESTART_LOOP
+        """An operator may cancel it before it ever ran: it stopped already, but only to be
+        held (``cancel`` from a stopped state: a restart loop)."""
+        return self.is_terminal and self.allows("cancel")
 
     @property
     def can_resume(self) -> bool:
-        """An approver may open a new phase: it stopped short of its goal (not completed),
-        and not for a held call, which its approval's answer resumes.
+        """An approver may open a new phase (``resume``): it stopped short of its goal (not
+        completed), and not for a held call, which its approval's answer resumes.
 
         Whether a write is still uncertain is a question for its operations, asked apart.
         """
-        return self.state in RESUMABLE_STATES and not self.waits_for_approval
+        return self.allows("resume") and not self.waits_for_approval
 
     @property
     def waits_for_approval(self) -> bool:
-        """It stopped for a call a person must approve or reject (the approval queue)."""
-        return self.state == TaskState.NEEDS_HUMAN and self.reason == APPROVAL_REQUIRED
+        """It stopped for a call a person must approve or reject (the approval queue): a
+        rejection may ``close`` it."""
+        return self.allows("close")
 
 
 class Phase(models.Model):
@@ -461,6 +565,17 @@ class ApprovalState(models.TextChoices):
     REJECTED = "REJECTED", "rejected"
 
 
+APPROVAL_MOVES: Mapping[str, tuple[frozenset[str], str]] = {
+    # A person says yes to the held call: the next phase runs exactly that call, once.
+    "approve": (frozenset({ApprovalState.PENDING}), ApprovalState.APPROVED),
+    # A person says no: the next phase's model is told, or the task ends (``on_reject``).
+    "reject": (frozenset({ApprovalState.PENDING}), ApprovalState.REJECTED),
+}
+"""Every move an approval may make: name -> (states it may leave, the state it reaches).
+It is created ``PENDING`` in its stop's transaction and answered once, by
+``console.lifecycle.approval_move``."""
+
+
 class OnReject(models.TextChoices):
     """What a rejection does to the task."""
 
@@ -622,6 +737,9 @@ class NoticeKind(models.TextChoices):
 
 
 class ChannelTransport(models.TextChoices):
+    """The kinds of channel; each is delivered by its class in
+    ``console.notifications.TRANSPORTS`` (a test keeps the two in step)."""
+
     WEBHOOK = "webhook", "webhook"
     EMAIL = "email", "email"
 
@@ -650,6 +768,9 @@ class NotificationChannel(models.Model):
                 condition=_in("transport", ChannelTransport.values),
                 name="notification_channel_transport_valid",
             ),
+            # Each kind has the fields its transport keeps (``Transport.keeps``); the
+            # database's own guard, checked against that table by
+            # tests/console/test_notification_transports.py.
             models.CheckConstraint(
                 condition=(Q(transport="webhook") & ~Q(url="") & ~Q(secret=""))
                 | (Q(transport="email") & ~Q(address="")),
@@ -664,21 +785,6 @@ class NotificationChannel(models.Model):
     def secret_hint(self) -> str:
         """Enough of the secret to tell two apart, not enough to sign with."""
         return f"…{self.secret[-4:]}" if self.secret else ""
-
-    @property
-    def target(self) -> str:
-        """Where it delivers, as shown to admins and kept in the audit log: a webhook's host
-        and the end of its path only, because the path of a chat's incoming webhook
-        (``https://hooks.slack.com/services/…``) is a secret too."""
-        from urllib.parse import urlsplit  # here: the models above this section need none
-
-        if self.transport != ChannelTransport.WEBHOOK:
-            return self.address
-        parts = urlsplit(self.url)
-        host = parts.hostname or ""
-        where = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
-        rest = parts.path.lstrip("/") + (f"?{parts.query}" if parts.query else "")
-        return f"{where}/…{rest[-4:]}" if rest else f"{where}/"
 
 
 class NotificationEvent(models.Model):
@@ -726,6 +832,19 @@ class NoticeState(models.TextChoices):
     SENDING = "SENDING", "sending"
     SENT = "SENT", "sent"
     FAILED = "FAILED", "failed"
+
+
+NOTICE_MOVES: Mapping[str, tuple[frozenset[str], str]] = {
+    # A worker takes a due notice for one try: a pending one whose wait is over, or one whose
+    # last try's claim ran out (its worker died or hung).
+    "claim": (frozenset({NoticeState.PENDING, NoticeState.SENDING}), NoticeState.SENDING),
+    # The try's outcome, written by the worker whose claim it is.
+    "sent": (frozenset({NoticeState.SENDING}), NoticeState.SENT),
+    "retry": (frozenset({NoticeState.SENDING}), NoticeState.PENDING),  # failed, tries left
+    "give_up": (frozenset({NoticeState.SENDING}), NoticeState.FAILED),  # failed, none left
+}
+"""Every move a notice may make: name -> (states it may leave, the state it reaches), each
+made by ``console.lifecycle.notice_move`` from the state and try number seen."""
 
 
 class Notice(models.Model):

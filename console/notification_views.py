@@ -39,7 +39,8 @@ class ReasonForm(forms.Form):
 
 
 class ChannelForm(ReasonForm):
-    """A new channel: a webhook (URL and secret) or email addresses, and the kinds it gets."""
+    """A new channel: a webhook (URL and secret) or email addresses, and the kinds it gets.
+    What each kind needs filled in is its transport's (``notifications.TRANSPORTS``)."""
 
     field_order = ["name", "transport", "url", "secret", "address", "kinds", "reason"]
     name = forms.CharField(max_length=100)
@@ -74,11 +75,10 @@ class ChannelForm(ReasonForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        transport = data.get("transport")
-        if transport == ChannelTransport.WEBHOOK and not data.get("url"):
-            self.add_error("url", "A webhook needs its URL.")
-        if transport == ChannelTransport.EMAIL and not data.get("address"):
-            self.add_error("address", "Give at least one address.")
+        transport = notifications.TRANSPORTS.get(data.get("transport", ""))
+        for field, missing in transport.asks.items() if transport else ():
+            if not data.get(field):
+                self.add_error(field, missing)
         return data
 
 
@@ -124,11 +124,8 @@ def channel_add(request: HttpRequest) -> HttpResponse:
             address=data["address"],
             secret=data["secret"],
         )
-    except notifications.WebhookRefused as exc:
-        form.add_error("url", str(exc))
-        return _page(request, form, status=400)
     except notifications.NotificationError as exc:
-        form.add_error(None, str(exc))
+        form.add_error(exc.field, str(exc))  # a refused target beside its field
         return _page(request, form, status=400)
     if made:
         # Rendered, not redirected: a message would keep the secret in the session.

@@ -1,5 +1,9 @@
 """Be told, not watch: notices of what needs a person, by webhook and by email.
 
+Each kind of channel is a :class:`Transport` in :data:`TRANSPORTS` ("transports", below):
+what it asks of an admin, how its target is checked, how it sends and how it is shown. The
+form, the page, delivery and the audit log read that table; nothing else tells kinds apart.
+
 The outbox pattern, in three steps, each safe to run twice and safe when a worker dies:
 
 1. **Events.** ``lifecycle.finish_task`` writes a :class:`NotificationEvent` in the
@@ -37,10 +41,11 @@ import secrets
 import socket
 import ssl
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -51,6 +56,7 @@ from django.db.models import Exists, OuterRef, Prefetch, Q
 from django.urls import reverse
 from django.utils import timezone
 
+from . import lifecycle
 from .inputs import InputRefused, typed_text
 from .models import (
     AuditAction,
@@ -89,6 +95,10 @@ AUDIT_TEST = AuditAction.NOTIFICATION_TEST
 
 class NotificationError(Exception):
     """A request about notifications that cannot be done; the message says why."""
+
+    field: str | None = None
+    """The channel's field the refusal is about, where the form shows it (``None``: the
+    request as a whole)."""
 
 
 # -- signing --------------------------------------------------------------------------------
@@ -335,10 +345,14 @@ def deliver(notice_id: int, *, now: datetime | None = None, resolve: Resolver | 
         return "its channel was removed"
     number = notice.attempts + 1
     hold_for = timedelta(seconds=settings.LOOPGUARD_NOTIFY_TIMEOUT_SECONDS + 30)
-    claimed = Notice.objects.filter(
-        id=notice.id, state=notice.state, attempts=notice.attempts, channel__active=True
-    ).update(state=NoticeState.SENDING, attempts=number, claimed_until=now + hold_for)
-    if claimed != 1:
+    claimed = lifecycle.notice_move(
+        notice,
+        "claim",
+        when=Q(channel__active=True),
+        attempts=number,
+        claimed_until=now + hold_for,
+    )
+    if not claimed:
         return "claimed by another worker"
     started = time.monotonic()
     try:
@@ -353,16 +367,15 @@ def deliver(notice_id: int, *, now: datetime | None = None, resolve: Resolver | 
         outcome = Outcome(ok=False, error=f"{type(exc).__name__}: {exc}")
     duration = round((time.monotonic() - started) * 1000)
     finished = now + timedelta(milliseconds=duration)  # on the caller's clock
+    changes: dict[str, Any] = {}
     if outcome.ok:
-        changes: dict[str, Any] = {"state": NoticeState.SENT, "sent_at": finished}
+        move, changes = "sent", {"sent_at": finished}
     elif number >= settings.LOOPGUARD_NOTIFY_ATTEMPTS:
-        changes = {"state": NoticeState.FAILED}
+        move = "give_up"
     else:
-        changes = {"state": NoticeState.PENDING, "next_attempt_at": finished + backoff(number)}
+        move, changes = "retry", {"next_attempt_at": finished + backoff(number)}
     with transaction.atomic():
-        kept = Notice.objects.filter(
-            id=notice.id, state=NoticeState.SENDING, attempts=number
-        ).update(claimed_until=None, **changes)
+        kept = lifecycle.notice_move(notice, move, claimed_until=None, **changes)
         NoticeAttempt.objects.create(
             notice_id=notice.id,
             number=number,
@@ -375,8 +388,8 @@ def deliver(notice_id: int, *, now: datetime | None = None, resolve: Resolver | 
     if not kept:
         # Our claim ran out and another worker took the notice: its try decides the state.
         return f"try {number} kept; another worker took the notice"
-    logger.info("notice %s try %s: %s", notice.id, number, changes["state"])
-    return f"try {number}: {changes['state']}"
+    logger.info("notice %s try %s: %s", notice.id, number, notice.state)
+    return f"try {number}: {notice.state}"
 
 
 def send(
@@ -387,17 +400,11 @@ def send(
     kind: str,
     resolve: Resolver | None = None,
 ) -> Outcome:
-    """Send ``payload`` to ``channel`` once (no database access: runs outside transactions)."""
-    if channel.transport == ChannelTransport.WEBHOOK:
-        return send_webhook(
-            channel.url,
-            channel.secret,
-            payload,
-            notice_id=notice_id,
-            kind=kind,
-            resolve=resolve or resolve_host,
-        )
-    return send_email(channel.address, payload)
+    """Send ``payload`` to ``channel`` once, by its transport (no database access: runs
+    outside transactions)."""
+    return transport_of(channel).send(
+        payload, notice_id=notice_id, kind=kind, resolve=resolve or resolve_host
+    )
 
 
 # -- where a webhook may go -------------------------------------------------------------------
@@ -421,6 +428,8 @@ _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 
 class WebhookRefused(NotificationError):
     """A webhook URL, or an address its host resolves to, that notices may not go to."""
+
+    field = "url"
 
 
 @dataclass(frozen=True, slots=True)
@@ -674,6 +683,107 @@ def send_email(addresses: str, payload: Mapping[str, Any]) -> Outcome:
     return Outcome(ok=sent == 1, response=f"accepted by {host} for {len(to)}")
 
 
+# -- transports: each kind of channel, one class ---------------------------------------------
+
+TARGET_FIELDS = ("url", "address", "secret")
+"""The fields of a :class:`NotificationChannel` that say where and how it delivers."""
+
+
+class Transport(ABC):
+    """One kind of channel, all it takes in one place: what an admin must give, how its
+    target is checked when it is saved, how a notice is sent and how the channel is shown.
+    Each kind is one subclass in :data:`TRANSPORTS`, the only place kinds are told apart."""
+
+    keeps: ClassVar[tuple[str, ...]]
+    """The :data:`TARGET_FIELDS` it delivers with, each required (and by the database's
+    ``notification_channel_target`` constraint too: a test keeps the two in step); the
+    others are stored empty. One that keeps ``secret`` gets one made when none is given."""
+    asks: ClassVar[Mapping[str, str]]
+    """The fields an admin must fill in, each with what to say when it is left empty."""
+    shows_response: ClassVar[bool] = False
+    """Whether the page may show a try's ``response``: only when it is the console's own
+    words (what a mail server accepted), never what a URL answered."""
+
+    def __init__(self, channel: NotificationChannel) -> None:
+        self.channel = channel
+
+    @classmethod  # noqa: B027 - a hook, not abstract: most transports have nothing to check
+    def check(cls, target: Mapping[str, str], *, resolve: Resolver) -> None:
+        """Refuse, with a :class:`NotificationError` that says why, a target that no
+        delivery would send to (``target`` holds every field of :attr:`asks`). Nothing
+        more to check unless a transport says so."""
+
+    @abstractmethod
+    def where(self) -> str:
+        """Where the channel delivers, as admins see it and the audit log keeps it."""
+
+    @abstractmethod
+    def send(
+        self, payload: Mapping[str, Any], *, notice_id: int, kind: str, resolve: Resolver
+    ) -> Outcome:
+        """One try at sending ``payload`` (no database access: runs outside transactions)."""
+
+
+class Webhook(Transport):
+    """A signed JSON ``POST`` to a URL that may be reached ("where a webhook may go")."""
+
+    keeps = ("url", "secret")
+    asks = {"url": "A webhook needs its URL."}
+
+    @classmethod
+    def check(cls, target: Mapping[str, str], *, resolve: Resolver) -> None:
+        webhook_check(target["url"], resolve=resolve)
+
+    def where(self) -> str:
+        """The host and the end of the path only: the path of a chat's incoming webhook
+        (``https://hooks.slack.com/services/…``) is a secret too."""
+        parts = urlsplit(self.channel.url)
+        host = parts.hostname or ""
+        where = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+        rest = parts.path.lstrip("/") + (f"?{parts.query}" if parts.query else "")
+        return f"{where}/…{rest[-4:]}" if rest else f"{where}/"
+
+    def send(
+        self, payload: Mapping[str, Any], *, notice_id: int, kind: str, resolve: Resolver
+    ) -> Outcome:
+        channel = self.channel
+        return send_webhook(
+            channel.url, channel.secret, payload, notice_id=notice_id, kind=kind, resolve=resolve
+        )
+
+
+class Email(Transport):
+    """Mail through Django's mail settings to the comma-separated addresses."""
+
+    keeps = ("address",)
+    asks = {"address": "Give at least one address."}
+    shows_response = True  # "accepted by <mail server> for <n>": the console's own words
+
+    def where(self) -> str:
+        return self.channel.address
+
+    def send(
+        self, payload: Mapping[str, Any], *, notice_id: int, kind: str, resolve: Resolver
+    ) -> Outcome:
+        return send_email(self.channel.address, payload)
+
+
+TRANSPORTS: Mapping[str, type[Transport]] = {
+    ChannelTransport.WEBHOOK: Webhook,
+    ChannelTransport.EMAIL: Email,
+}
+"""Each kind of channel (``models.ChannelTransport``) → its transport. A new kind is a member
+of ``ChannelTransport`` with its clause in the ``notification_channel_target`` constraint
+(and their migration), and its class here: the form, the page, delivery and the audit log
+take it from this table, and tests/console/test_notification_transports.py checks the
+database against it."""
+
+
+def transport_of(channel: NotificationChannel) -> Transport:
+    """The transport that delivers for ``channel``."""
+    return TRANSPORTS[channel.transport](channel)
+
+
 def notify(*, now: datetime | None = None) -> list[int]:
     """One pass of the notifier: record overdue writes, route events, and return the ids
     of the notices due for delivery (each delivered by :func:`deliver`)."""
@@ -703,29 +813,23 @@ def channel_add(
     chosen = sorted({NoticeKind(kind).value for kind in kinds})
     if not chosen:
         raise NotificationError("choose at least one kind of event")
-    made = ""
-    if transport == ChannelTransport.WEBHOOK:
-        if not url:
-            raise NotificationError("a webhook needs its URL")
-        webhook_check(url, resolve=resolve or resolve_host)
-        if not secret:
-            secret = made = secrets.token_urlsafe(32)
-        address = ""
-    elif transport == ChannelTransport.EMAIL:
-        if not address:
-            raise NotificationError("an email channel needs at least one address")
-        url, secret = "", ""
-    else:
+    chosen_transport = TRANSPORTS.get(transport)
+    if chosen_transport is None:
         raise NotificationError(f"unknown transport {transport!r}")
+    given = {"url": url, "address": address, "secret": secret}
+    for field, missing in chosen_transport.asks.items():
+        if not given[field]:
+            raise NotificationError(missing)
+    chosen_transport.check(given, resolve=resolve or resolve_host)
+    made = ""
+    if "secret" in chosen_transport.keeps and not secret:
+        given["secret"] = made = secrets.token_urlsafe(32)
+    target = {
+        field: value if field in chosen_transport.keeps else "" for field, value in given.items()
+    }
     with transaction.atomic():
         channel = NotificationChannel.objects.create(
-            name=name,
-            transport=transport,
-            url=url,
-            address=address,
-            secret=secret,
-            kinds=chosen,
-            created_by=actor,
+            name=name, transport=transport, kinds=chosen, created_by=actor, **target
         )
         _audit(actor, AUDIT_CHANNEL_ADD, reason, after=_shown(channel))
     return channel, made
@@ -762,7 +866,7 @@ def _shown(channel: NotificationChannel) -> dict[str, Any]:
         "channel": channel.id,
         "name": channel.name,
         "transport": channel.transport,
-        "target": channel.target,
+        "target": transport_of(channel).where(),
         "kinds": list(channel.kinds),
         "secret": channel.secret_hint,
     }
@@ -792,32 +896,51 @@ def _audit(
 
 
 @dataclass(frozen=True, slots=True)
+class ShownChannel:
+    """A channel as the page lists it: the row, and where it delivers in its transport's
+    words."""
+
+    channel: NotificationChannel
+    where: str
+
+
+@dataclass(frozen=True, slots=True)
 class NotificationsPage:
     """What the notifications page shows."""
 
-    channels: list[NotificationChannel]
+    channels: list[ShownChannel]
     notices: list[Notice]
     public_url: str
+    shows_response: frozenset[str]
+    """The kinds of channel whose tries' responses may be shown (``Transport.shows_response``)."""
 
 
 def notifications_page(*, recent: int = 50) -> NotificationsPage:
     """The channels, and the latest notices with every try of each."""
-    channels = list(NotificationChannel.objects.order_by("-active", "id"))
+    channels = [
+        ShownChannel(channel, transport_of(channel).where())
+        for channel in NotificationChannel.objects.order_by("-active", "id")
+    ]
     notices = list(
         Notice.objects.select_related("channel")
         .prefetch_related(Prefetch("tries", queryset=NoticeAttempt.objects.order_by("number")))
         .order_by("-created_at", "-id")[:recent]
     )
-    return NotificationsPage(channels, notices, settings.LOOPGUARD_PUBLIC_URL)
+    shows_response = frozenset(kind for kind, t in TRANSPORTS.items() if t.shows_response)
+    return NotificationsPage(channels, notices, settings.LOOPGUARD_PUBLIC_URL, shows_response)
 
 
 __all__ = [
     "NOTICE_HEADER",
     "SIGNATURE_HEADER",
+    "TARGET_FIELDS",
+    "TRANSPORTS",
     "NotificationError",
     "NotificationsPage",
     "Outcome",
     "Resolver",
+    "ShownChannel",
+    "Transport",
     "WebhookRefused",
     "WebhookTarget",
     "address_refusal",
@@ -838,6 +961,7 @@ __all__ = [
     "send",
     "send_webhook",
     "sign",
+    "transport_of",
     "verify",
     "webhook_check",
     "webhook_target",

@@ -25,7 +25,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from enum import Enum
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import (
@@ -39,7 +39,15 @@ from django.db import (
 from django.utils import timezone
 
 from guard import Approval, Call, Finish, Guard, Nudge, Reason, Report, Result, Settlement, State
-from guard.steps import Action, Effect, LedgerError, Ticket, fingerprint, transient_error
+from guard.steps import (
+    Action,
+    Effect,
+    LedgerError,
+    Sequencer,
+    Ticket,
+    fingerprint,
+    transient_error,
+)
 
 from . import lifecycle, trace
 from .agents import Agent, Tool, agent_class
@@ -425,6 +433,9 @@ class _Driver:
         self.gated = options["needs_approval"] is not None or bool(options["approvals"])
         self.approving = False  # the approved call is about to run: checkpoint it first
         self.guard = _guard_of(task, checkpoint, store, options)
+        # The order of the guard's steps, as every driver keeps it (each tool's lookup is
+        # given per call: it is the tool's own).
+        self.seq = Sequencer(self.guard, inspect=self.agent.inspect)
         # What the last model call's calls came to, saved with the agent's memory: the two
         # go together (a model-planned agent answers its calls from it), in a new phase too.
         self.observation = _decode(checkpoint.get("observation"))
@@ -432,7 +443,7 @@ class _Driver:
     # -- the loop -------------------------------------------------------------------------
 
     def drive(self) -> str:
-        guard, agent = self.guard, self.agent
+        guard, agent, seq = self.guard, self.agent, self.seq
         reserved = False  # the next model call is already counted in the row
         if self.fresh and (rejected := guard.rejection()) is not None:
             self.observation = rejected  # a person said no: the model hears it first
@@ -441,6 +452,7 @@ class _Driver:
             )
             self.pending.append(told)  # saved with the first step
         approved = guard.before_approved()  # a person said yes: that call runs first
+        seq.approved(approved)
         if approved is not None:
             stopped = self._run_approved(approved)
             if stopped is not None:
@@ -453,8 +465,8 @@ class _Driver:
             try:
                 reserve = self._reservation()
             except Exception as exc:
-                return self._finish(guard.planner_failed(exc))
-            stop = guard.before_model(reserve=reserve)
+                return self._finish(seq.planner_failed(exc))
+            stop = seq.model(reserve=reserve)
             if stop is not None:
                 return self._finish(_in_money(stop, reserve))
             if reserve:
@@ -479,16 +491,15 @@ class _Driver:
                 detail = f"planner: {failure!r}"
                 latency = _since(started)
                 self._save(trace.model_event(None, latency, agent.tokens, guard.revision, detail))
-                return self._finish(guard.planner_failed(failure))
+                return self._finish(seq.planner_failed(failure))
             latency = _since(started)
             model_event = trace.model_event(proposal, latency, agent.tokens, guard.revision)
             if cost is not None:
                 model_event["cost"] = cost
+            admitted = seq.proposed(proposal)
             if isinstance(proposal, Finish):
-                report = guard.finish(proposal, agent.inspect)
                 self._save(model_event)
-                return self._finish(report)
-            admitted = guard.before_tools(proposal)
+                return self._finish(cast(Report, admitted))  # a finish ends in its report
             if isinstance(admitted, Report):
                 self.observation = None  # none of its calls ran
                 self._save(model_event, trace.blocked_event(admitted))
@@ -515,7 +526,7 @@ class _Driver:
             stopped = self._step(ticket, results, last=last, batch=batch)
             if stopped is not None:
                 return stopped
-        pause = self.guard.before_wait()
+        pause = self.seq.pause()
         if isinstance(pause, Report):
             return pause
         if pause:
@@ -605,14 +616,15 @@ class _Driver:
         self, ticket: Ticket, results: list[Result], *, last: bool, batch: bool
     ) -> Report | None:
         """One admitted call: claim, run, record. Returns the report if the task stops."""
-        guard, call = self.guard, ticket.call
+        guard, seq, call = self.guard, self.seq, ticket.call
         tool = self.tools[call.tool]
         # Redacted once: for the operation's row (a write) and for the request's event.
         self.args_preview = preview(call.args)
         self.ledger.describe(call, self.args_preview)
         # A retry of a write settled NOT_COMMITTED asks the tool's lookup first (whatever
         # auto_lookup says: it can only stop the write, never settle it).
-        decision = guard.before_tool(ticket, lookup=tool.lookup)
+        # A reuse is reported by the sequencer with its entry.
+        decision = seq.enter(ticket, lookup=tool.lookup)
         carried, self.carried, self.ledger.carry = self.carried, None, None
         if carried is not None and carried.saved is not None:
             self._saved(carried.saved)
@@ -644,9 +656,12 @@ class _Driver:
         # The save below follows at once: a write's record may ride on it.
         self.ledger.defer = last
         try:
-            stop = guard.after_tool(
-                ticket, outcome, error=error, inspect=self.agent.inspect, lookup=lookup
-            )
+            if not executed:
+                stop = decision.report
+            elif error is not None:
+                stop = seq.raised(ticket, error, lookup=lookup)
+            else:
+                stop = seq.returned(ticket, outcome, lookup=lookup)
         finally:
             self.ledger.defer = False
         if ticket.result is not None:

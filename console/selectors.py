@@ -42,6 +42,7 @@ from .agents import UnknownAgent, agent_class
 from .models import (
     ACTIVE_STATES,
     STOP_REASONS,
+    UNSETTLED_STATES,
     Approval,
     ApprovalState,
     AuditAction,
@@ -56,6 +57,7 @@ from .models import (
     Task,
     TaskState,
     TraceEvent,
+    lease_alive,
     waiting_for_client,
 )
 from .spend import money
@@ -682,7 +684,7 @@ def startable_agents() -> list[AgentCard]:
 # -- operations --------------------------------------------------------------------------------
 
 
-UNCERTAIN = frozenset({OperationState.UNKNOWN.value, OperationState.IN_FLIGHT.value})
+UNCERTAIN = UNSETTLED_STATES
 """Operation states a human may have to settle (an ``IN_FLIGHT`` one once its driver is gone)."""
 
 
@@ -702,8 +704,7 @@ def _unsettled() -> QuerySet[Operation]:
     now = timezone.now()
     return Operation.objects.filter(
         Q(state=OperationState.UNKNOWN)
-        | Q(state=OperationState.IN_FLIGHT)
-        & (~Q(task__state=TaskState.RUNNING) | Q(task__lease_expires_at__lt=now))
+        | Q(state=OperationState.IN_FLIGHT) & ~lease_alive(now, via="task__")
     )
 
 

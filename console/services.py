@@ -17,7 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from guard import Kind, Limits, Result
@@ -41,8 +41,8 @@ from .inputs import (
     unstorable,
 )
 from .models import (
+    UNSETTLED_STATES,
     Approval,
-    ApprovalState,
     AuditAction,
     AuditEntry,
     OnReject,
@@ -51,9 +51,11 @@ from .models import (
     Phase,
     Task,
     TaskState,
+    lease_alive,
 )
 from .redaction import redact, redact_text
 from .spend import price_of
+from .store.queries import lock_goal
 
 logger = logging.getLogger(__name__)
 
@@ -465,9 +467,7 @@ def _settle(
             # Only an IN_FLIGHT whose driver is gone may be settled by a human: a live
             # driver may still be inside the tool.
             now = timezone.now()
-            live = Task.objects.filter(
-                id=op.task_id, state=TaskState.RUNNING, lease_expires_at__gt=now
-            ).exists()
+            live = Task.objects.filter(lease_alive(now), id=op.task_id).exists()
             # An attached client runs a batch at once: a write may still be running in it
             # when another call stopped the task. It reports within its lease, or is gone.
             lease = timedelta(seconds=settings.LOOPGUARD_ATTACHED_LEASE_SECONDS)
@@ -618,17 +618,19 @@ def _answer(
             raise StaleState(f"task {task.id} no longer waits for this call ({task.state})")
         if resume:
             _require_settled(task)
-        now = timezone.now()
-        state = ApprovalState.APPROVED if approve else ApprovalState.REJECTED
         on_reject = "" if approve else (OnReject.RESUME if resume else OnReject.END)
-        moved = Approval.objects.filter(id=approval.id, state=ApprovalState.PENDING).update(
-            state=state, decided_by=actor, decided_at=now, reason=reason, on_reject=on_reject
-        )
-        if moved != 1:  # pragma: no cover - the row is locked above
-            raise StaleState(f"approval {approval.id} was answered meanwhile")
-        approval.refresh_from_db()
-        before = {"state": task.state, "reason": task.reason, "approval": ApprovalState.PENDING}
-        after: dict[str, Any] = {"approval": state, "tool": approval.tool}
+        before = {"state": task.state, "reason": task.reason, "approval": approval.state}
+        try:
+            lifecycle.approval_move(
+                approval,
+                "approve" if approve else "reject",
+                actor=actor,
+                reason=reason,
+                on_reject=on_reject,
+            )
+        except lifecycle.LostRace as exc:  # pragma: no cover - the row is locked above
+            raise StaleState(f"approval {approval.id} was answered meanwhile") from exc
+        after: dict[str, Any] = {"approval": approval.state, "tool": approval.tool}
         if approval.operation_key:
             after["operation_key"] = approval.operation_key
         if resume:
@@ -650,9 +652,9 @@ def _answer(
 def _require_settled(task: Task) -> None:
     """A new phase may open only once no write of the task is uncertain."""
     uncertain = list(
-        Operation.objects.filter(
-            task_id=task.id, state__in=[OperationState.UNKNOWN, OperationState.IN_FLIGHT]
-        ).values_list("key", flat=True)
+        Operation.objects.filter(task_id=task.id, state__in=sorted(UNSETTLED_STATES)).values_list(
+            "key", flat=True
+        )
     )
     if uncertain:
         raise Refused("reconcile first: " + ", ".join(uncertain) + " may or may not have happened")
@@ -717,23 +719,6 @@ def _look_up(op: Operation) -> dict[str, Any]:
         found = {"error": f"the lookup failed: {type(exc).__name__}: {exc}"[:500]}
     found = redact(found)  # what a business system answers may hold secrets too
     return dict(found)
-
-
-def lock_goal(fingerprint: str) -> None:
-    """Serialise, until this transaction ends, the starts of one goal (agent and input), or
-    of whatever else ``fingerprint`` (a SHA-256 in hex) names (a retried attached start).
-
-    PostgreSQL: a transaction-scoped advisory lock on the fingerprint's first 64 bits (two
-    goals sharing them only wait for each other). Under READ COMMITTED the count that follows
-    is a new snapshot, so it sees every start that held the lock before. SQLite needs none:
-    its transactions are IMMEDIATE (settings), so every writer already holds the database's
-    one write lock from BEGIN.
-    """
-    if connection.vendor != "postgresql":
-        return
-    key = int.from_bytes(bytes.fromhex(fingerprint[:16]), "big", signed=True)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
 
 
 def _moving[T](move: Callable[..., T], task: Task, **kwargs: Any) -> T:

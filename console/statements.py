@@ -1,17 +1,21 @@
-"""The runner's and the ledger's fixed statements, run as prepared statements on PostgreSQL.
+"""The store's fixed statements, run as prepared statements on PostgreSQL.
 
 A guarded step sends a handful of statements whose text never changes (the claim, the
-settling move, the step's save). Django binds parameters on the client and sends each
-statement as new text, so PostgreSQL parses and plans it every time: for these CTEs that
-is more work than executing them. Here they go through a server-side binding cursor that
-prepares them on the connection. It is made once per database session and reused by every
-statement, with Django's error translation, its health check and its broken-transaction
-check; when something watches the connection (an ``execute_wrapper``, the query log of
-``DEBUG``) the statement goes through Django's cursor wrapper instead, so it is seen.
+settling move, the step's save), and every API request one (the token check's). Django
+binds parameters on the client and sends each statement as new text, so PostgreSQL parses
+and plans it every time: for these CTEs that is more work than executing them. Here they
+go through a server-side binding cursor that prepares them on the connection. It is made
+once per database session and reused by every statement, with Django's error translation,
+its health check and its broken-transaction check; when something watches the connection
+(an ``execute_wrapper``, the query log of ``DEBUG``) the statement goes through Django's
+cursor wrapper instead, so it is seen.
 
 Prepared statements live in the database session. Behind a transaction-pooling
 PgBouncer, enable its ``max_prepared_statements`` (1.21+) or set
 ``LOOPGUARD_PREPARED_STATEMENTS=false``. Elsewhere (SQLite) statements run as usual.
+
+The texts are written in ``console/store/``, and only the store imports this module
+(``tests/test_architecture.py`` keeps that door): it runs SQL and writes none.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ _NEVER_BY_COUNT = 2**31 - 1
 
 
 def fetch_one(sql: str, params: Params) -> tuple[Any, ...] | None:
-    """Execute ``sql`` and return its first row (None when it returns none)."""
+    """Execute ``sql``, one of the store's fixed texts, and return its first row (None when
+    it returns none)."""
     db = connections[DEFAULT_DB_ALIAS]  # the thread's wrapper, looked up once
     # With DEBUG's query log on, statements go through Django's debug cursor, as made.
     prepared = settings.LOOPGUARD_PREPARED_STATEMENTS and not db.queries_logged
@@ -113,7 +118,7 @@ class _Prepared(psycopg.Cursor[Any]):
 
 
 _ENCODED: dict[str, bytes] = {}
-_ENCODED_MAX = 256  # the fixed texts are a handful; a tool's own statements may add some
+_ENCODED_MAX = 256  # the fixed texts are a handful; a bound all the same
 
 
 def _encoded(query: str) -> bytes:

@@ -17,14 +17,13 @@ import secrets
 from datetime import datetime, timedelta
 
 from django.contrib.auth.models import User
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from .models import ApiToken
-from .roles import Role, remember_roles
 from .services import InvalidInput, NotFound, Refused, ServiceError
-from .statements import fetch_one
+from .store.queries import api_token_of
 
 __all__ = [
     "LAST_USED_RESOLUTION",
@@ -89,45 +88,11 @@ def api_token_for(secret: str) -> ApiToken | None:
     if not secret or len(secret) > MAX_TOKEN_LENGTH:
         return None
     digest = api_token_digest(secret)
-    if connection.vendor == "postgresql":
-        token = _token_of(digest)
-    else:
-        token = ApiToken.objects.select_related("user").filter(key_hash=digest).first()
+    token = api_token_of(digest)  # every API request's first statement
     # The lookup compares hashes in the database, not in constant time; checking again with
     # compare_digest keeps the final decision free of timing differences all the same.
     if token is None or not hmac.compare_digest(token.key_hash, digest):
         return None
-    return token
-
-
-# Every API request starts here: the token, its user and the user's role names in one
-# prepared statement (the ORM's two queries cost a millisecond of CPU to build, more than
-# the step they guard). Column lists come from the models, so a new field is read too.
-_TOKEN_FIELDS = tuple(field.attname for field in ApiToken._meta.concrete_fields)
-_USER_FIELDS = tuple(field.attname for field in User._meta.concrete_fields)
-_TOKEN_COLUMNS = ", ".join(
-    [f"t.{field.column}" for field in ApiToken._meta.concrete_fields]
-    + [f"u.{field.column}" for field in User._meta.concrete_fields]
-)
-_TOKEN_SQL = f"""
-SELECT {_TOKEN_COLUMNS},
-       ARRAY(SELECT g.name FROM auth_group g JOIN auth_user_groups ug ON ug.group_id = g.id
-             WHERE ug.user_id = u.id)
-FROM console_apitoken t JOIN auth_user u ON u.id = t.user_id
-WHERE t.key_hash = %s
-"""  # noqa: S608 - column names from the models
-
-
-def _token_of(digest: str) -> ApiToken | None:
-    """The token of ``digest`` with its user, and the user's roles remembered on it."""
-    row = fetch_one(_TOKEN_SQL, [digest])
-    if row is None:
-        return None
-    split = len(_TOKEN_FIELDS)
-    token = ApiToken.from_db(connection.alias, _TOKEN_FIELDS, row[:split])
-    user = User.from_db(connection.alias, _USER_FIELDS, row[split : split + len(_USER_FIELDS)])
-    token.user = user
-    remember_roles(user, (Role(name) for name in row[-1] if name in Role))
     return token
 
 

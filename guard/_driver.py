@@ -1,20 +1,22 @@
-"""The reference driver: ``Guard.run`` over the guard's own steps, as any host would write it."""
+"""The reference driver: ``Guard.run`` (and ``RemoteGuard.run``) over the sequencer, as any
+host would write its loop."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._checks import describe
+from ._checks import describe, present
 from ._report import Report
+from ._sequence import Inspect, Next, Sequencer
 from ._settlement import Lookup
 from ._ticket import Action
-from ._values import Call, Finish, Nudge, Reason, Result, State
+from ._values import Call, Nudge, Reason, State
 
 if TYPE_CHECKING:
     from ._guard import Guard
 
-__all__ = ["Execute", "Inspect", "Plan", "Reserve", "Summarise", "drive"]
+__all__ = ["Execute", "Inspect", "Plan", "Reserve", "Summarise", "drive", "loop"]
 
 Plan = Callable[[Any], Any]
 Reserve = Callable[[Any], int]
@@ -22,7 +24,6 @@ Reserve = Callable[[Any], int]
 Summarise = Callable[[str], Any]
 """The summary turn: one model call with no tools, given why the task stopped."""
 Execute = Callable[[Call], Any]
-Inspect = Callable[[Result | None, Call | Finish], Any]
 
 
 def drive(
@@ -38,9 +39,24 @@ def drive(
     """Drive ``plan`` / ``execute`` / ``inspect`` under ``guard`` until it stops; never
     raises (but lets an interrupt through, its write marked lost). See ``Guard.run``.
 
-    Only the step methods decide; the driver reaches inside the guard for two things no
-    step covers: the injected ``wait``, and a write lost to an interrupt."""
-    report, observation = _drive(guard, plan, execute, inspect, lookup, reserve)
+    A phase opened by a person's answer begins with it (a rejection is the model's first
+    observation, an approved call runs first); then :func:`loop`; then, if asked, the
+    summary turn. The driver reaches inside the guard for the injected ``wait`` only."""
+    seq = Sequencer(guard, inspect=inspect, lookup=lookup)
+    observation: Any = guard.rejection()
+    approved = guard.before_approved()
+    if isinstance(approved, Nudge):
+        observation = approved
+    seq.approved(approved)
+    report, observation = loop(
+        seq,
+        plan,
+        execute,
+        observation,
+        reserve=reserve,
+        wait=guard._wait,
+        cancelled=guard._cancel.requested,
+    )
     if summarise is None:
         return report
     try:
@@ -57,74 +73,69 @@ def drive(
     return guard.record_summary(reply)
 
 
-def _drive(
-    guard: Guard,
+def loop(
+    seq: Sequencer,
     plan: Plan,
     execute: Execute,
-    inspect: Inspect | None,
-    lookup: Lookup | None,
-    reserve: Reserve | None,
+    observation: Any = None,
+    *,
+    reserve: Reserve | None = None,
+    wait: Callable[[float], None],
+    cancelled: Callable[[], bool],
 ) -> tuple[Report, Any]:
-    """The loop of :func:`drive`: its report, and the model's last observation (what the
-    summary turn follows)."""
-    observation: Any = guard.rejection()  # a phase after a rejection tells the model first
-    approved = guard.before_approved()  # a phase after an approval runs that call first
+    """Plan, execute and wait as ``seq`` says until the task stops, over any step-wise
+    guard (the local one, ``guard.remote``): the report, and the model's last
+    observation (what a summary turn follows). ``wait(ms)`` waits what a result asked
+    for; a wait that raises stops the task (``cancelled()``: an operator's stop)."""
+    several = False  # the model call proposed a list of calls: its observation is a list
+    results: list[Any] = []  # the reported calls' results, in order
     while True:
-        if approved is not None:
-            admitted, approved = approved, None
-            proposal: Any = None  # one call: its result is the observation
-        else:
+        step = seq.next()
+        what = step.next
+        if what is Next.ENTER:
+            ticket = present(step.ticket)
+            decision = seq.enter(ticket)
+            if decision.action is Action.EXECUTE:
+                try:
+                    outcome = execute(ticket.call)
+                except Exception as exc:
+                    seq.raised(ticket, exc)
+                except BaseException as exc:
+                    seq.interrupted(ticket, exc)  # the write may or may not have happened
+                    raise
+                else:
+                    seq.returned(ticket, outcome)
+            results.append(ticket.result)
+        elif what is Next.MODEL:
             try:
-                if reserve is None:
-                    stop = guard.before_model()
-                else:  # ValueError: not an amount
-                    stop = guard.before_model(reserve=reserve(observation))
-            except Exception as exc:
-                return guard.planner_failed(exc), observation
+                stop = seq.model(reserve=0 if reserve is None else reserve(observation))
+            except Exception as exc:  # the estimate of its cost failed: not an amount
+                return seq.planner_failed(exc), observation
             if stop is not None:
                 return stop, observation
             try:
                 proposal = plan(observation)
             except Exception as exc:
-                return guard.planner_failed(exc), observation
-            if isinstance(proposal, Finish):
-                return guard.finish(proposal, inspect), observation
-            admitted = guard.before_tools(proposal)
-        if not isinstance(admitted, list):  # one test for the common case: calls to run
+                return seq.planner_failed(exc), observation
+            # The calls are entered at once, one after the other: a remote guard may decide
+            # a single call's entry with its admission.
+            admitted = seq.proposed(proposal, enter=True)
             if isinstance(admitted, Nudge):
                 observation = admitted
-                continue
-            return admitted, observation
-        results: list[Any] = []  # the tickets' results: after_tool() set each one it let by
-        for ticket in admitted:
-            decision = guard.before_tool(ticket, lookup=lookup)
-            if decision.report is not None:
-                return decision.report, observation
-            outcome: Any = decision.result
-            error: Exception | None = None
-            if decision.action is Action.EXECUTE:
-                try:
-                    outcome = execute(ticket.call)
-                except Exception as exc:
-                    error = exc
-                except BaseException:
-                    # Interrupted mid-execution: the write may or may not have happened.
-                    guard._lost(ticket, "interrupted")
-                    raise
-            stop = guard.after_tool(ticket, outcome, error=error, inspect=inspect, lookup=lookup)
-            if stop is not None:
-                return stop, observation
-            results.append(ticket.result)
-        pause = guard.before_wait()
-        if pause:  # 0 (no wait) is the common case
+            several = isinstance(proposal, (list, tuple))  # a tuple: no union made per step
+            results = []
+        elif what is Next.WAIT:
+            pause = seq.pause()
             if isinstance(pause, Report):
                 return pause, observation
-            try:
-                guard._wait(pause)
-            except Exception as exc:
-                if guard._cancel.requested():
-                    return guard.halt(State.CANCELLED, Reason.OPERATOR_STOP), observation
-                failed = guard.halt(State.FAILED, Reason.EXECUTOR_ERROR, describe(exc))
-                return failed, observation
-        several = isinstance(proposal, (list, tuple))  # a tuple: no union object made per step
-        observation = results if several else results[0]
+            if pause:  # 0 (no wait) is the common case
+                try:
+                    wait(pause)
+                except Exception as exc:
+                    if cancelled():
+                        return seq.halt(State.CANCELLED, Reason.OPERATOR_STOP), observation
+                    failed = seq.halt(State.FAILED, Reason.EXECUTOR_ERROR, describe(exc))
+                    return failed, observation
+            observation = results if several else results[0]
+        else:  # DONE (nothing in this loop leaves a call executing or a proposal awaited)
+            return present(step.report), observation

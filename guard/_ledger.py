@@ -5,13 +5,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from ._checks import count, text
 from ._values import OperationState, Result
 
 __all__ = [
+    "CLAIM_ANSWERS",
     "OPERATION_MOVES",
+    "UNSETTLED",
     "Claim",
     "ClaimStatus",
     "InMemoryLedger",
@@ -19,6 +22,16 @@ __all__ = [
     "LedgerError",
     "Operation",
 ]
+
+
+class ClaimStatus(StrEnum):
+    """The answer to a claim."""
+
+    CLAIMED = "claimed"  # the caller owns the key now and may execute once
+    COMMITTED = "committed"  # already done: reuse ``operation.result``
+    CONFLICT = "conflict"  # the key was used for different input
+    IN_FLIGHT = "in_flight"  # someone is executing it right now
+    UNKNOWN = "unknown"  # it may or may not have happened: a human must settle it
 
 
 OPERATION_MOVES: dict[str, tuple[frozenset[OperationState | None], OperationState]] = {
@@ -41,6 +54,28 @@ OPERATION_MOVES: dict[str, tuple[frozenset[OperationState | None], OperationStat
 """Every move an operation may make: name -> (states it may leave, the state it reaches).
 ``None`` is "no entry yet". Nothing else moves an operation; every ledger (in memory,
 PostgreSQL, SQLite), recovery and reconciliation go by this table."""
+
+# A claim that cannot take the key leaves the entry as it is; its answer says why.
+_REFUSED = {
+    OperationState.COMMITTED: ClaimStatus.COMMITTED,
+    OperationState.IN_FLIGHT: ClaimStatus.IN_FLIGHT,
+    OperationState.UNKNOWN: ClaimStatus.UNKNOWN,
+}
+
+CLAIM_ANSWERS: Mapping[OperationState | None, ClaimStatus] = MappingProxyType(
+    {
+        state: ClaimStatus.CLAIMED if state in OPERATION_MOVES["claim"][0] else _REFUSED[state]
+        for state in (None, *OperationState)
+    }
+)
+"""What a claim answers by the state of the key's entry (``None``: no entry yet), when the
+entry is of the claim's own fingerprint (another fingerprint is ``CONFLICT`` in any state):
+``CLAIMED`` from every state ``OPERATION_MOVES["claim"]`` may leave, else why not. Every
+ledger answers by this table."""
+
+UNSETTLED = OPERATION_MOVES["settle_committed"][0] | OPERATION_MOVES["settle_not_committed"][0]
+"""The states trusted evidence settles: the entry may or may not have happened, and the
+task may not go on until it is settled (a stop report's ``uncertain``)."""
 
 
 class LedgerError(RuntimeError):
@@ -85,16 +120,6 @@ class Operation(NamedTuple):
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"malformed operation: {exc!r}") from exc
-
-
-class ClaimStatus(StrEnum):
-    """The answer to a claim."""
-
-    CLAIMED = "claimed"  # the caller owns the key now and may execute once
-    COMMITTED = "committed"  # already done: reuse ``operation.result``
-    CONFLICT = "conflict"  # the key was used for different input
-    IN_FLIGHT = "in_flight"  # someone is executing it right now
-    UNKNOWN = "unknown"  # it may or may not have happened: a human must settle it
 
 
 class Claim(NamedTuple):
@@ -172,29 +197,27 @@ class InMemoryLedger:
         """Atomically take ``key`` for one execution (see :class:`Ledger`)."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None:
-                entry = Operation(key, fingerprint, OperationState.IN_FLIGHT)
-                self._entries[key] = entry
-                return Claim(ClaimStatus.CLAIMED, entry)
-            if entry.fingerprint != fingerprint:
-                return Claim(ClaimStatus.CONFLICT, entry)
-            if entry.state is OperationState.NOT_COMMITTED:
-                attempts = entry.attempts + 1
-                entry = Operation(
-                    key, fingerprint, OperationState.IN_FLIGHT, None, attempts, entry.evidence
-                )
-                self._entries[key] = entry
-                return Claim(ClaimStatus.CLAIMED, entry)
-            return Claim(_CLAIM_STATUS[entry.state], entry)
+            if entry is not None:
+                if entry.fingerprint != fingerprint:
+                    return Claim(ClaimStatus.CONFLICT, entry)
+                answer = CLAIM_ANSWERS[entry.state]
+                if answer is not ClaimStatus.CLAIMED:
+                    return Claim(answer, entry)
+            # A fresh key (``CLAIM_ANSWERS[None]``), or one the claim may take back.
+            attempts, evidence = (1, "") if entry is None else (entry.attempts + 1, entry.evidence)
+            entry = Operation(
+                key, fingerprint, OPERATION_MOVES["claim"][1], None, attempts, evidence
+            )
+            self._entries[key] = entry
+            return Claim(ClaimStatus.CLAIMED, entry)
 
     def record(self, key: str, fingerprint: str, result: Result) -> Operation:
-        """``IN_FLIGHT`` → ``COMMITTED``."""
-        committed = OperationState.COMMITTED
-        return self._move(key, fingerprint, committed, _FROM_IN_FLIGHT, result=result)
+        """``IN_FLIGHT`` → ``COMMITTED`` (``OPERATION_MOVES["record"]``)."""
+        return self._move(key, fingerprint, "record", result=result)
 
     def mark_unknown(self, key: str, fingerprint: str) -> Operation:
-        """``IN_FLIGHT`` → ``UNKNOWN``."""
-        return self._move(key, fingerprint, OperationState.UNKNOWN, _FROM_IN_FLIGHT)
+        """``IN_FLIGHT`` → ``UNKNOWN`` (``OPERATION_MOVES["lose"]``)."""
+        return self._move(key, fingerprint, "lose")
 
     def resolve(
         self,
@@ -204,11 +227,10 @@ class InMemoryLedger:
         result: Result | None = None,
         evidence: str = "",
     ) -> Operation:
-        """``IN_FLIGHT``/``UNKNOWN`` → ``COMMITTED`` or ``NOT_COMMITTED``."""
-        state = OperationState.COMMITTED if committed else OperationState.NOT_COMMITTED
-        return self._move(
-            key, None, state, _UNSETTLED, result=result if committed else None, evidence=evidence
-        )
+        """``IN_FLIGHT``/``UNKNOWN`` → ``COMMITTED`` or ``NOT_COMMITTED``
+        (``OPERATION_MOVES["settle_committed"]`` or ``["settle_not_committed"]``)."""
+        move = "settle_committed" if committed else "settle_not_committed"
+        return self._move(key, None, move, result=result if committed else None, evidence=evidence)
 
     def operations(self) -> list[Operation]:
         """Every entry, in the order the keys were first claimed."""
@@ -219,33 +241,23 @@ class InMemoryLedger:
         self,
         key: str,
         fingerprint: str | None,
-        state: OperationState,
-        allowed: frozenset[OperationState],
+        move: str,
         *,
         result: Result | None = None,
         evidence: str = "",
     ) -> Operation:
+        """``OPERATION_MOVES[move]`` under the lock, or :class:`LedgerError` and no change."""
+        sources, state = OPERATION_MOVES[move]
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
                 raise LedgerError(f"no operation {key!r}")
             if fingerprint is not None and entry.fingerprint != fingerprint:
                 raise LedgerError(f"operation {key!r} belongs to another input")
-            if entry.state not in allowed:
+            if entry.state not in sources:
                 raise LedgerError(f"operation {key!r} is {entry.state}, cannot become {state}")
             entry = Operation(
                 key, entry.fingerprint, state, result, entry.attempts, evidence or entry.evidence
             )
             self._entries[key] = entry
             return entry
-
-
-_CLAIM_STATUS = {
-    OperationState.COMMITTED: ClaimStatus.COMMITTED,
-    OperationState.IN_FLIGHT: ClaimStatus.IN_FLIGHT,
-    OperationState.UNKNOWN: ClaimStatus.UNKNOWN,
-}
-
-_FROM_IN_FLIGHT = frozenset({OperationState.IN_FLIGHT})
-# COMMITTED is final; NOT_COMMITTED only leaves through a new claim.
-_UNSETTLED = frozenset({OperationState.IN_FLIGHT, OperationState.UNKNOWN})

@@ -35,8 +35,8 @@ from typing import Any
 from ._budget import Budget
 from ._checks import text
 from ._detector import Detector
-from ._driver import Inspect
 from ._fingerprint import BadArguments, canonical_json
+from ._sequence import Inspect
 from ._settlement import Lookup, look_up
 from ._ticket import Status, Ticket
 from ._values import Call, Evidence, Finish, Kind, Result

@@ -19,9 +19,9 @@ from typing import Any
 
 from ._checks import Refusal, inspected, positive_ms, present, safe_repr
 from ._detector import Detector
-from ._driver import Inspect
 from ._observed import Observer
 from ._report import Record
+from ._sequence import Inspect
 from ._settlement import Lookup, SettlementStep
 from ._ticket import Status, Ticket
 from ._values import Finish, Kind, Reason, Result, State

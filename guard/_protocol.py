@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ._driver import Inspect
 from ._report import Report
+from ._sequence import Inspect
+from ._settlement import Lookup
 from ._ticket import Decision, Ticket
 from ._values import Finish, Nudge, Reason, State
 
@@ -34,8 +35,9 @@ class StepGuard(Protocol):
         """Admit the calls of one model call (``enter``: the host enters a one-call
         proposal at once, so its entry may be decided with its admission)."""
 
-    def before_tool(self, ticket: Ticket) -> Decision:
-        """Decide at the executor's entry: execute, reuse or stop."""
+    def before_tool(self, ticket: Ticket, *, lookup: Lookup | None = None) -> Decision:
+        """Decide at the executor's entry: execute, reuse or stop (``lookup``: the tool's
+        trusted lookup, for a write claimed back from ``NOT_COMMITTED``)."""
 
     def after_tool(
         self,
@@ -44,6 +46,7 @@ class StepGuard(Protocol):
         *,
         error: BaseException | None = None,
         inspect: Inspect | None,
+        lookup: Lookup | None = None,
     ) -> Report | None:
         """Record what one executed (or reused) call returned."""
 

@@ -10,9 +10,9 @@ from typing import Any
 
 from ._budget import Budget
 from ._checks import Refusal, count, present, text
-from ._ledger import Operation
+from ._ledger import UNSETTLED, Operation
 from ._settlement import SettlementStep
-from ._values import DIMENSIONS, OperationState, Reason, State, Usage
+from ._values import DIMENSIONS, Reason, State, Usage
 
 __all__ = ["COMPLETED_KEPT", "RESUME_CONDITIONS", "SUMMARY_REASONS", "Record", "Report"]
 
@@ -105,8 +105,6 @@ the deadline ran out, or the work went round without progress. Never after an un
 write, a conflict, an operator's stop, a pending approval or a failure — nor after the
 spend budget ran out: money is reserved before it is spent, a summary's included."""
 
-_UNSETTLED = (OperationState.UNKNOWN, OperationState.IN_FLIGHT)
-
 
 @dataclass(frozen=True, slots=True)
 class Report:
@@ -144,7 +142,7 @@ class Report:
     @property
     def uncertain(self) -> tuple[Operation, ...]:
         """Operations whose commit state a human must settle before the task may go on."""
-        return tuple(op for op in self.operations if op.state in _UNSETTLED)
+        return tuple(op for op in self.operations if op.state in UNSETTLED)
 
     @property
     def resume_condition(self) -> str:

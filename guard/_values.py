@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import types
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_type_hints
 
 __all__ = [
     "Approval",
@@ -118,6 +119,11 @@ class Limits:
     Beside the host's own inspector it bounds exploration too: a never-seen ``SUCCESS``
     read that the inspector does not count as progress restarts the no-progress count,
     within ``explore`` (``explore=0``: it never does).
+
+    Each budget's field is the ``limit`` of its :data:`DIMENSIONS` entry and is checked
+    from there: a count of at least 0, ``None`` only where its type allows it. The other
+    fields (``same``, ``stagnant``, ``max_period``, ``exempt``) are the detector's settings.
+    A field of neither kind, or a dimension without its field, stops ``import guard``.
     """
 
     deadline_ms: int = 60_000
@@ -135,14 +141,12 @@ class Limits:
     """Tools whose identical repetition is legitimate: not checked for repeats or cycles."""
 
     def __post_init__(self) -> None:
-        for name in ("deadline_ms", "model_calls", "requests", "executions", "polls"):
-            _require_count(name, getattr(self, name), minimum=0)
-        _require_count("same", self.same, minimum=1)
-        _require_count("stagnant", self.stagnant, minimum=1)
-        _require_count("max_period", self.max_period, minimum=1)
-        for name in ("tokens", "spend", "explore"):
-            if getattr(self, name) is not None:
-                _require_count(name, getattr(self, name), minimum=0)
+        for dimension in DIMENSIONS:
+            value = getattr(self, dimension.limit)
+            if value is not None or dimension.limit not in _UNBOUNDED:
+                _require_count(dimension.limit, value, minimum=0)
+        for name in _AT_LEAST_ONE:
+            _require_count(name, getattr(self, name), minimum=1)
         exempt: Any = self.exempt
         if isinstance(exempt, str) or not all(isinstance(t, str) for t in exempt):
             raise TypeError("Limits.exempt must be a collection of tool names")
@@ -219,8 +223,48 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("polls", "polls", Reason.POLL_BUDGET, "polls", per_job=True),
     Dimension("elapsed_ms", "deadline_ms", Reason.DEADLINE, "time (ms)"),
 )
-"""Every budget a task has, declared once: reports, checkpoints, the console's saves,
-gauges and metrics derive theirs from this."""
+"""Every budget a task has, declared once: the checks of :class:`Limits`, reports,
+checkpoints, the console's saves, gauges and metrics derive theirs from this. A budget
+also needs its field in :class:`Limits` and :class:`Usage` (named fields, for their users
+and for mypy; a test and :func:`_check_dimensions` keep the three in step)."""
+
+_AT_LEAST_ONE = ("same", "stagnant", "max_period")
+"""The detector's settings: counts of at least one."""
+_SETTINGS = (*_AT_LEAST_ONE, "exempt")
+"""The fields of :class:`Limits` that are not a budget of :data:`DIMENSIONS`."""
+
+
+def _check_dimensions(
+    dimensions: Sequence[Dimension], limits: type[Any], usage: type[Any]
+) -> frozenset[str]:
+    """Raise ``TypeError`` unless ``limits`` has a field for each budget's limit and for
+    the detector's settings and no other, and ``usage`` one for each budget's counter, in
+    the order of ``dimensions`` (what :meth:`Usage.to_dict` and checkpoints follow). Return
+    the limits that may be ``None`` (unbounded): those whose field's type says so."""
+    for attribute in ("used", "limit"):
+        names = [getattr(d, attribute) for d in dimensions]
+        if twice := sorted({name for name in names if names.count(name) > 1}):
+            raise TypeError(f"DIMENSIONS declares the {attribute} {twice} more than once")
+    declared = [f.name for f in fields(limits)]
+    budgets = [d.limit for d in dimensions]
+    if missing := [name for name in budgets if name not in declared]:
+        raise TypeError(f"DIMENSIONS names limits that Limits has no field for: {missing}")
+    if stray := [name for name in declared if name not in (*budgets, *_SETTINGS)]:
+        raise TypeError(
+            f"Limits has fields that are neither a budget of DIMENSIONS nor a setting: {stray}"
+        )
+    counters = [f.name for f in fields(usage)]
+    if counters != [d.used for d in dimensions]:
+        raise TypeError(
+            f"Usage's fields {counters} must be the counters of DIMENSIONS, in its order: "
+            f"{[d.used for d in dimensions]}"
+        )
+    hints = get_type_hints(limits)
+    return frozenset(name for name in budgets if types.NoneType in get_args(hints[name]))
+
+
+_UNBOUNDED = _check_dimensions(DIMENSIONS, Limits, Usage)
+"""The limits that may be ``None``, read from their fields' types (``int | None``)."""
 
 
 @dataclass(frozen=True, slots=True)

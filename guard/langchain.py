@@ -22,8 +22,11 @@ agent's own loop:
   runs the tool; ``STOP`` answers with a tool message that never invites the model to ask
   again, and the agent ends at the next ``before_model``.
 - ``after_agent``: a final answer (an AI message without tool calls) is
-  ``finish(Finish(answer), inspect)``. The stop report, however the task ended, is
-  :attr:`LoopGuardMiddleware.report` and the state's ``loopguard_report`` (its JSON form).
+  ``finish(Finish(answer), inspect)``; a run that ended on anything else (a
+  ``return_direct`` tool's output) ended without the model's answer: ``PARTIAL``/
+  ``goal_unverified`` (the sequencer's rule, the same in every driver). The stop report,
+  however the task ended, is :attr:`LoopGuardMiddleware.report` and the state's
+  ``loopguard_report`` (its JSON form).
 
 What a tool's outcome is reported as:
 
@@ -158,10 +161,10 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from . import Call, Finish, Kind, Nudge, Reason, Report, Result, State
+from . import Call, Finish, Kind, Nudge, Report, Result
 from ._protocol import require_reservation
 from .adapters import ToolSpec, calls_from_openai
-from .steps import Action, Decision, StepGuard, Ticket
+from .steps import Action, Decision, Next, Sequencer, StepGuard, Ticket
 
 __all__ = [
     "ERROR_WAIT_MS",
@@ -234,6 +237,8 @@ class LoopGuardMiddleware(AgentMiddleware[GuardState, Any, Any]):
         require_reservation(guard, reserve)
         super().__init__()
         self.guard = guard
+        # The order of the guard's steps, as every driver keeps it.
+        self._seq = Sequencer(guard, inspect=inspect)
         self.specs: Mapping[str, ToolSpec] = dict(tools)
         self.inspect = inspect
         self.reserve = reserve
@@ -257,16 +262,17 @@ class LoopGuardMiddleware(AgentMiddleware[GuardState, Any, Any]):
     def before_model(self, state: GuardState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Settle what the last tool calls left open, wait if a result asked for it, then
         ask for the model call; a stop ends the agent before the model runs."""
+        seq = self._seq
         with self._lock:
             stop = self._settle_left_over()
-            if stop is None:
-                pause = self.guard.before_wait()
+            if stop is None and seq.next().next in _AFTER_CALLS:
+                pause = seq.pause()
                 if isinstance(pause, Report):
                     stop = pause
                 elif pause > 0:
                     self._wait(pause)
             if stop is None:
-                stop = self.guard.before_model(reserve=self.reserve)
+                stop = seq.model(reserve=self.reserve)
         return None if stop is None else _end(stop)
 
     async def abefore_model(
@@ -295,7 +301,7 @@ class LoopGuardMiddleware(AgentMiddleware[GuardState, Any, Any]):
         ]
         with self._lock:
             self._entries = {}
-            admitted = self.guard.before_tools(turn.proposal)
+            admitted = self._seq.proposed(turn.proposal)
             if isinstance(admitted, list):
                 for ticket in admitted:
                     call_id = turn.call_ids[ticket.index]
@@ -356,9 +362,12 @@ class LoopGuardMiddleware(AgentMiddleware[GuardState, Any, Any]):
         with self._lock:
             report = self._settle_left_over() or self.guard.report
             if report is None:
+                # The model's final answer is an AI message without tool calls; a run
+                # that ended on anything else (a tool's output) ended without one.
                 message = _last_ai_message(state["messages"])
-                answer = None if message is None else message.content
-                report = self.guard.finish(Finish(answer), self.inspect)
+                final = message is not None and not message.tool_calls
+                answer = Finish(message.content) if final and message is not None else None
+                report = self._seq.end(answer)
         return {REPORT_KEY: report.to_dict()}
 
     async def aafter_agent(self, state: GuardState, runtime: Runtime[Any]) -> dict[str, Any] | None:
@@ -390,14 +399,15 @@ class LoopGuardMiddleware(AgentMiddleware[GuardState, Any, Any]):
                 )
                 return None, _tool_message(text, call_id, name)
             if entry.attempts == 0:
-                decision = self.guard.before_tool(entry.ticket)
+                decision = self._seq.enter(entry.ticket)
                 if decision.action is Action.EXECUTE:
                     entry.attempts = 1
                     return entry, _NOTHING
                 return None, self._decided(entry, decision, call_id, name)
             # An outer middleware (ToolRetryMiddleware) tries a read again.
-            refused = self._room_for_another(entry)
+            refused = self._seq.again(entry.ticket, entry.attempts)
             if refused is not None:
+                entry.reported, entry.error = True, None
                 return None, _tool_message(_not_run_text(refused, write=False), call_id, name)
             entry.attempts += 1
             return entry, _NOTHING
@@ -406,8 +416,7 @@ class LoopGuardMiddleware(AgentMiddleware[GuardState, Any, Any]):
         """The answer to a call the guard reuses or refuses (nothing runs)."""
         write = entry.ticket.call.effect == "write"
         if decision.action is Action.REUSE:
-            entry.reported = True
-            self.guard.after_tool(entry.ticket, inspect=self.inspect)
+            entry.reported = True  # the sequencer reported the stored result
             result = decision.result or Result(Kind.SUCCESS)
             return ToolMessage(_content(result), tool_call_id=call_id, name=name)
         entry.reported = True
@@ -419,22 +428,6 @@ class LoopGuardMiddleware(AgentMiddleware[GuardState, Any, Any]):
         )
         return _tool_message(text, call_id, name)
 
-    def _room_for_another(self, entry: _Entry) -> Report | None:
-        """Before a retry of a read: whether the deadline and the execution budget have
-        room for one more attempt (the earlier ones are charged when it is reported)."""
-        left = self.guard.remaining()
-        executions, time_left = left.get("executions"), left.get("deadline_ms")
-        reason: Reason | None = None
-        if time_left is not None and time_left <= 0:
-            reason = Reason.DEADLINE
-        elif executions is not None and executions - (entry.attempts - 1) < 1:
-            reason = Reason.EXECUTION_BUDGET
-        if reason is None:
-            return None
-        self._charge(entry)
-        detail = f"a retry of {entry.tool} (attempt {entry.attempts + 1}) did not fit"
-        return self.guard.halt(State.PARTIAL, reason, detail)
-
     def _raised(self, entry: _Entry, request: ToolCallRequest, exc: Exception) -> ToolMessage:
         """A tool raised: a write's outcome is lost (reported now, never replayed); a read's
         exception goes on to an outer retry middleware and is reported later."""
@@ -442,7 +435,7 @@ class LoopGuardMiddleware(AgentMiddleware[GuardState, Any, Any]):
         with self._lock:
             if entry.ticket.call.effect == "write":
                 entry.reported = True
-                report = self.guard.after_tool(entry.ticket, error=exc, inspect=self.inspect)
+                report = self._seq.raised(entry.ticket, exc)
                 text = (
                     f"Error: {_describe(exc)}. Whether {name} took effect is unknown, so it "
                     "will not be run again; a person will check it."
@@ -469,7 +462,7 @@ class LoopGuardMiddleware(AgentMiddleware[GuardState, Any, Any]):
             result = Result(Kind.SUCCESS, content, attempts=entry.attempts)
         with self._lock:
             entry.reported, entry.error = True, None
-            report = self.guard.after_tool(entry.ticket, result, inspect=self.inspect)
+            report = self._seq.returned(entry.ticket, result)
         if report is not None and (failed or entry.ticket.call.effect == "write"):
             write = entry.ticket.call.effect == "write"
             return _tool_message(_not_run_text(report, write=write, ran=True), call_id, name)
@@ -477,34 +470,22 @@ class LoopGuardMiddleware(AgentMiddleware[GuardState, Any, Any]):
 
     def _settle_left_over(self) -> Report | None:
         """Tell the guard about reads whose last attempt raised and that nobody tried again
-        (the retry middleware gave up): the guard's stop, if it stops."""
+        (the retry middleware gave up), with every attempt: the guard's stop, if it stops."""
         for entry in self._entries.values():
             if entry.reported or entry.error is None:
                 continue
-            if entry.attempts <= 1:
-                entry.reported = True
-                stop = self.guard.after_tool(entry.ticket, error=entry.error, inspect=self.inspect)
-                if stop is not None:
-                    return stop
-                continue
             error, attempts = entry.error, entry.attempts
-            self._charge(entry)
-            detail = f"{_describe(error)} (after {attempts} attempts)"
-            return self.guard.halt(State.FAILED, Reason.EXECUTOR_ERROR, detail)
+            entry.reported, entry.error = True, None
+            stop = self._seq.raised(entry.ticket, error, attempts=attempts)
+            if stop is not None:
+                return stop
         return None
-
-    def _charge(self, entry: _Entry) -> None:
-        """Report a read's failed attempts so far, every one charged as an execution."""
-        error = entry.error
-        data = {"error": "" if error is None else _describe(error), "attempts": entry.attempts}
-        entry.reported, entry.error = True, None
-        result = Result(Kind.RETRYABLE, data, wait_ms=ERROR_WAIT_MS, attempts=entry.attempts)
-        self.guard.after_tool(entry.ticket, result, inspect=self.inspect)
 
 
 # -- messages -----------------------------------------------------------------------------
 
 _NOTHING = ToolMessage("", tool_call_id="")  # placeholder: the call runs, no answer yet
+_AFTER_CALLS = (Next.WAIT, Next.ENTER)  # a model call's calls ran (or some never were entered)
 
 
 def stop_message(report: Report) -> AIMessage:

@@ -112,18 +112,18 @@ from agents.exceptions import AgentsException, UserError
 from agents.handoffs import Handoff
 from agents.tool_context import ToolContext
 
-from . import Call, Evidence, Finish, Kind, Nudge, Price, Reason, Report, Result, State
+from . import Call, Evidence, Finish, Kind, Nudge, Price, Report, Result
 from ._protocol import require_reservation
 from .adapters import OperationKey, Outcome, ToolSpec, Turn, calls_from_openai
 from .adapters import openai_tool_messages as _tool_messages
-from .steps import Action, Effect, StepGuard, Ticket
+from .steps import Action, Effect, Next, Sequencer, StepGuard, Ticket
 
 __all__ = ["GuardStopped", "GuardedOutcome", "GuardedRun", "StepGuard"]
 
 Inspect = Callable[[Result | None, Call | Finish], Evidence]
 """A trusted inspector, as ``Guard.after_tool`` and ``Guard.finish`` take it."""
 
-_ENDED_ON_TOOL = "the run ended on a tool's output, not on the model's answer"
+_AFTER_CALLS = (Next.WAIT, Next.ENTER)  # a turn's calls ran (or some never were entered)
 
 
 class GuardStopped(AgentsException):
@@ -180,6 +180,7 @@ class GuardedRun:
     ) -> None:
         require_reservation(guard, reserve)
         self.guard = guard
+        self._seq = Sequencer(guard, inspect=inspect)  # the order of the guard's steps
         self.hooks: RunHooks[Any] = _GuardHooks(self)
         self._inspect = inspect
         self._reserve = reserve
@@ -250,36 +251,39 @@ class GuardedRun:
                 f"the guarded tool {context.tool_name!r} was called outside a guarded run: "
                 "run the agent with GuardedRun.run() or hooks=GuardedRun.hooks"
             )
-        decision = self.guard.before_tool(ticket)
+        seq = self._seq
+        decision = seq.enter(ticket)
         if decision.action is Action.STOP:
             return refusal_text(decision.report or _stopped(self.guard))
-        if decision.action is Action.REUSE:
+        if decision.action is Action.REUSE:  # the sequencer reported the stored result
             reused = decision.result or Result(Kind.SUCCESS)
-            self.guard.after_tool(ticket, reused, inspect=self._inspect)
             if reused.kind == Kind.SUCCESS and reused.data is not None:
                 return reused.data  # the model gets what the execution gave it
             return _answer(ticket, reused)
         try:
             output = await invoke(context, arguments)
-        except BaseException as exc:  # a timeout's cancellation too: the outcome is lost
-            self.guard.after_tool(ticket, error=exc, inspect=self._inspect)
-            if not isinstance(exc, Exception):
-                raise
+        except Exception as exc:
+            seq.raised(ticket, exc)
             return _answer(ticket, exc)
+        except BaseException as exc:  # a timeout's cancellation: the outcome is lost
+            seq.interrupted(ticket, exc)
+            raise
         result = output if isinstance(output, Result) else Result(Kind.SUCCESS, output)
-        self.guard.after_tool(ticket, result, inspect=self._inspect)
+        seq.returned(ticket, result)
         # The tool's own value goes to the model as the SDK would send it unguarded.
         return _answer(ticket, result) if isinstance(output, Result) else output
 
     # -- hooks ---------------------------------------------------------------------------
 
     async def _before_model(self) -> None:
-        pause = self.guard.before_wait()
-        if isinstance(pause, Report):
-            raise GuardStopped(pause)
-        if pause > 0:
-            await asyncio.sleep(pause / 1000.0)
-        if (stop := self.guard.before_model(reserve=self._reserve)) is not None:
+        seq = self._seq
+        if seq.next().next in _AFTER_CALLS:
+            pause = seq.pause()
+            if isinstance(pause, Report):
+                raise GuardStopped(pause)
+            if pause > 0:
+                await asyncio.sleep(pause / 1000.0)
+        if (stop := seq.model(reserve=self._reserve)) is not None:
             raise GuardStopped(stop)
         self._tickets, self._nudge, self._finishing = {}, None, False
 
@@ -312,7 +316,7 @@ class GuardedRun:
         if not entries:
             return  # only handoffs and passthrough tools: nothing for the guard to admit
         turn = calls_from_openai({"role": "assistant", "tool_calls": entries}, self._specs)
-        admitted = self.guard.before_tools(turn.proposal)
+        admitted = self._seq.proposed(turn.proposal)
         if isinstance(admitted, Report):
             raise GuardStopped(admitted)  # nothing of this turn has started
         if isinstance(admitted, Nudge):
@@ -321,12 +325,9 @@ class GuardedRun:
         self._tickets = dict(zip(turn.call_ids, admitted, strict=True))
 
     def _after_agent(self, output: Any) -> None:
-        if self.guard.report is not None:
-            return
-        if self._finishing:
-            self.guard.finish(Finish(output), self._inspect)
-        else:
-            self.guard.halt(State.PARTIAL, Reason.GOAL_UNVERIFIED, _ENDED_ON_TOOL)
+        # The model's final answer, or a run that ended on a tool's output (the agent's
+        # tool_use_behavior): the sequencer's one rule for a run without an answer.
+        self._seq.end(Finish(output) if self._finishing else None)
 
     # -- running -------------------------------------------------------------------------
 
@@ -362,13 +363,11 @@ class GuardedRun:
             # The guard's stop ended the run, or the SDK noticed the run could not go on
             # (its turn limit, say) after the guard had already stopped it.
             return GuardedOutcome(report, None, run_data)
-        self.guard.planner_failed(exc)
+        self._seq.planner_failed(exc)
         raise exc
 
     def _finished(self) -> Report:
-        if (report := self.guard.report) is None:  # on_agent_end did not fire
-            report = self.guard.halt(State.PARTIAL, Reason.GOAL_UNVERIFIED, _ENDED_ON_TOOL)
-        return report
+        return self._seq.end()  # on_agent_end did not fire: the run ended without an answer
 
 
 class _GuardHooks(RunHooks[Any]):

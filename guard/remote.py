@@ -76,9 +76,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from ._checks import amount, as_calls, describe, evidence_problem, plain, safe_repr, transient_error
-from ._driver import Inspect
+from ._driver import Execute, Plan, Reserve, loop
 from ._fingerprint import canonical_json
 from ._report import Report
+from ._sequence import Inspect, Sequencer
 from ._settlement import Lookup
 from ._ticket import Action, Decision, Status, Ticket, execute, reuse
 from ._values import (
@@ -921,6 +922,35 @@ class RemoteGuard:
                 {"state": str(state), "reason": str(reason), "detail": str(detail)[:_TEXT_LIMIT]},
             )
 
+    # -- driving ---------------------------------------------------------------------------
+
+    def run(
+        self,
+        plan: Plan,
+        execute: Execute,
+        inspect: Inspect | None,
+        *,
+        reserve: Reserve | None = None,
+    ) -> Report:
+        """Drive ``plan`` / ``execute`` / ``inspect`` until the console stops the task, in
+        the order ``Guard.run`` keeps (the same sequencer): ``plan(observation)`` returns a
+        :class:`~guard.Call`, a list of them or a :class:`~guard.Finish`; ``execute(call)``
+        runs one call the console let execute and returns its :class:`~guard.Result`;
+        ``inspect`` is the trusted inspector (``None``: the console reads progress from
+        the results). A wait a result asked for is slept here. Raises what a step raises
+        (:exc:`ConsoleUnreachable`, :exc:`ProtocolError`); no tool runs without an allow.
+        """
+        seq = Sequencer(self, inspect=inspect)
+
+        def wait(ms: float) -> None:
+            self._sleep(ms / 1000.0)
+
+        def cancelled() -> bool:
+            return self._stop_requested
+
+        report, _ = loop(seq, plan, execute, reserve=reserve, wait=wait, cancelled=cancelled)
+        return report
+
     # -- closing ---------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -1100,8 +1130,11 @@ class RemoteGuard:
 
 
 def _printable_id(value: Any) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= 100 and value.isascii() and (
-        value.isprintable() and not value.isspace()
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= 100
+        and value.isascii()
+        and (value.isprintable() and not value.isspace())
     )
 
 

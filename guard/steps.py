@@ -14,6 +14,13 @@ console's runner, an attached client) and for ledgers that store operations else
         guard.after_tool(ticket, result, inspect=inspect)
     pause = guard.before_wait()                    # milliseconds to wait, or Report
 
+:class:`Sequencer` keeps that order for a host and says what comes next (:class:`Next`);
+``Guard.run``, ``guard.langchain`` and ``guard.openai_agents`` drive it, so a loop ends the
+same way under each. It is also where three rules live: a reuse is settled at its entry, a
+tool's exception (every attempt of a retry layer charged) ends the task
+``FAILED``/``executor_error``, and a run that ends without the model's final answer ends
+``PARTIAL``/``goal_unverified`` (:data:`ENDED_WITHOUT_ANSWER`).
+
 A host that keeps a guard across processes stores ``guard.checkpoint(history=False)`` (of
 :data:`CHECKPOINT_VERSION`) and what grows with the phase (:data:`HISTORY`, the latest
 :data:`COMPLETED_KEPT` completed requests) elsewhere, and gives both back to
@@ -28,8 +35,8 @@ that a trusted lookup proves did not happen, comes back ``RETRYABLE``
 (:data:`RETRY_WAIT_MS`) instead of stopping the task.
 
 A ledger implements :class:`guard.Ledger` with :class:`Claim`, :class:`ClaimStatus`,
-:class:`Operation` and :class:`LedgerError`, and moves entries only as
-:data:`OPERATION_MOVES` allows.
+:class:`Operation` and :class:`LedgerError`, moves entries only as
+:data:`OPERATION_MOVES` allows and answers a claim as :data:`CLAIM_ANSWERS` says.
 
 A call that ``needs_approval`` says a person must approve stops the task
 ``NEEDS_HUMAN``/``approval_required`` at the executor's entry, before its claim; the next
@@ -52,17 +59,20 @@ A host with no trusted inspector passes ``inspect=None`` to ``after_tool`` and `
 from ._checkpoint import CHECKPOINT_VERSION, HISTORY
 from ._checks import transient_error
 from ._fingerprint import BadArguments, canonical_json, fingerprint
-from ._ledger import OPERATION_MOVES, Claim, ClaimStatus, LedgerError, Operation
+from ._ledger import CLAIM_ANSWERS, OPERATION_MOVES, Claim, ClaimStatus, LedgerError, Operation
 from ._protocol import StepGuard
 from ._report import COMPLETED_KEPT, RESUME_CONDITIONS, SUMMARY_REASONS
+from ._sequence import ENDED_WITHOUT_ANSWER, Next, OutOfOrder, Sequencer, Step
 from ._settlement import IN_FLIGHT_WAIT_MS, RETRY_WAIT_MS
 from ._ticket import Action, Decision, Ticket
 from ._values import DIMENSIONS, Dimension, Effect
 
 __all__ = [
     "CHECKPOINT_VERSION",
+    "CLAIM_ANSWERS",
     "COMPLETED_KEPT",
     "DIMENSIONS",
+    "ENDED_WITHOUT_ANSWER",
     "HISTORY",
     "IN_FLIGHT_WAIT_MS",
     "OPERATION_MOVES",
@@ -77,7 +87,11 @@ __all__ = [
     "Dimension",
     "Effect",
     "LedgerError",
+    "Next",
     "Operation",
+    "OutOfOrder",
+    "Sequencer",
+    "Step",
     "StepGuard",
     "Ticket",
     "canonical_json",

@@ -4,8 +4,30 @@ Celery workers started by the tests use this module too, so the agents they driv
 lease timing they see are the same as in the test process.
 """
 
+import os
+from urllib.parse import urlsplit, urlunsplit
+
 from console.project.settings import *  # noqa: F403
-from console.project.settings import LOOPGUARD_AGENTS
+from console.project.settings import CELERY_BROKER_URL, LOOPGUARD_AGENTS, REDIS_URL
+
+
+def _redis_of_worker(url: str, worker: str) -> str:
+    """``url`` with the Redis database of pytest-xdist's ``worker`` (gw0, gw1, ...): the
+    one after the given one per worker, as pytest-django gives each its own test database,
+    so that one worker's Celery workers never take another's tasks."""
+    parts = urlsplit(url)
+    given = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{given + 1 + int(worker.removeprefix('gw'))}"))
+
+
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER and urlsplit(REDIS_URL).scheme == "redis":
+    if CELERY_BROKER_URL == REDIS_URL:
+        CELERY_BROKER_URL = _redis_of_worker(REDIS_URL, _WORKER)
+    REDIS_URL = _redis_of_worker(REDIS_URL, _WORKER)
+    # What this worker starts (Celery workers, gunicorn, manage.py) reads the same one: its
+    # environment loses pytest's variables, not this.
+    os.environ["REDIS_URL"] = REDIS_URL
 
 LOOPGUARD_AGENTS = {
     **LOOPGUARD_AGENTS,

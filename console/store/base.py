@@ -13,7 +13,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from guard import Kind, Reason, Report, Usage
-from guard.steps import COMPLETED_KEPT, DIMENSIONS, OPERATION_MOVES, ClaimStatus, LedgerError
+from guard.steps import COMPLETED_KEPT, DIMENSIONS, OPERATION_MOVES, LedgerError
 from guard.steps import Operation as Entry
 
 from .. import lifecycle
@@ -25,12 +25,16 @@ logger = logging.getLogger(__name__)
 # The task row's counter columns: ``Usage`` field names are ``Task`` column names.
 _DIMENSIONS = tuple(d.used for d in DIMENSIONS)
 
-# What a claim that found the key taken answers, by the entry's state.
-_CLAIM_ANSWERS = {
-    OPERATION_MOVES["record"][1]: ClaimStatus.COMMITTED,
-    OPERATION_MOVES["claim"][1]: ClaimStatus.IN_FLIGHT,
-    OPERATION_MOVES["lose"][1]: ClaimStatus.UNKNOWN,
-}
+# A claim's history row starts from no entry (a fresh key: the insert, attempt 1) or from
+# the one state a claim takes a key back from (the update, a later attempt): the rule once,
+# for the PostgreSQL statement and for the SQLite store's ORM row.
+(_TAKEN_BACK,) = [state for state in OPERATION_MOVES["claim"][0] if state is not None]
+_CLAIMED_FROM_SQL = f"CASE WHEN attempts = 1 THEN '' ELSE '{_TAKEN_BACK.value}' END"
+
+
+def _claimed_from(attempts: int) -> str:
+    """The ``from_state`` of the history row of a claim that made attempt ``attempts``."""
+    return "" if attempts == 1 else _TAKEN_BACK.value
 
 
 def _states(move: str) -> str:

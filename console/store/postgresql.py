@@ -35,14 +35,14 @@ from django.db import connection
 from django.utils import timezone
 
 from guard import Result
-from guard.steps import OPERATION_MOVES, Claim, ClaimStatus, LedgerError
+from guard.steps import CLAIM_ANSWERS, OPERATION_MOVES, Claim, ClaimStatus, LedgerError
 from guard.steps import Operation as Entry
 
 from ..lifecycle import entry_of
 from ..models import Operation, Task
 from ..statements import fetch_one
 from . import Answer, LeaseLost, Record, Saved, Step, StopRecorded
-from .base import _CLAIM_ANSWERS, _DIMENSIONS, BaseStore, _states
+from .base import _CLAIMED_FROM_SQL, _DIMENSIONS, BaseStore, _states
 
 
 def _target(move: str) -> str:
@@ -69,8 +69,7 @@ WITH {{gate}}, claimed AS (
 ), history AS (
     INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
                                         evidence)
-    SELECT id, %s, CASE WHEN attempts = 1 THEN '' ELSE 'NOT_COMMITTED' END,
-           {_target("claim")}, %s, ''
+    SELECT id, %s, {_CLAIMED_FROM_SQL}, {_target("claim")}, %s, ''
     FROM claimed
 )
 SELECT saved.stopping, saved.lease_owner, claimed.id, claimed.attempts,
@@ -158,8 +157,7 @@ _OPEN_STEP = (
 )
 # The unique (task, request_id) makes it one row at most.
 _ANSWERED = (
-    "SELECT step, body_hash, answer FROM console_steprequest"
-    " WHERE task_id = %s AND request_id = %s"
+    "SELECT step, body_hash, answer FROM console_steprequest WHERE task_id = %s AND request_id = %s"
 )
 _TASK_NAMES = [field.attname for field in _TASK_FIELDS]
 # What the ORM does to a column's value on the way in (JSON arrives as text: Django decodes
@@ -277,8 +275,8 @@ class PostgresStore(BaseStore):
         existing = entry_of(Operation.objects.get(key=key))
         if existing.fingerprint != fingerprint:
             return Claim(ClaimStatus.CONFLICT, existing)
-        answer = _CLAIM_ANSWERS.get(existing.state)
-        if answer is None:
+        answer = CLAIM_ANSWERS[existing.state]
+        if answer is ClaimStatus.CLAIMED:
             # NOT_COMMITTED in between: the execution that held it was settled as not having
             # happened. It may be claimed now (the step rode on the first statement already);
             # beaten to it once more, this write waits and asks again, as for IN_FLIGHT.

@@ -18,14 +18,14 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from guard.steps import OPERATION_MOVES, Claim, ClaimStatus, LedgerError
+from guard.steps import CLAIM_ANSWERS, OPERATION_MOVES, Claim, ClaimStatus, LedgerError
 from guard.steps import Operation as Entry
 
 from ..lifecycle import entry_of
 from ..models import Operation, OperationEvent, Task, TraceEvent
 from ..statements import fetch_one
 from . import LeaseLost, Record, Saved, Step, StopRecorded
-from .base import _CLAIM_ANSWERS, _DIMENSIONS, BaseStore, _states
+from .base import _DIMENSIONS, BaseStore, _claimed_from, _states
 
 # One statement decides the claim (SQLite 3.35+ has upsert and RETURNING). The WHERE of
 # DO UPDATE makes the reclaim of a NOT_COMMITTED key a compare-and-set.
@@ -91,7 +91,7 @@ class SqliteStore(BaseStore):
                 if claimed is not None:
                     OperationEvent.objects.create(
                         operation=row,
-                        from_state="" if claimed[1] == 1 else "NOT_COMMITTED",
+                        from_state=_claimed_from(claimed[1]),
                         to_state=OPERATION_MOVES["claim"][1].value,
                         task_id=self.task_id,
                     )
@@ -106,7 +106,11 @@ class SqliteStore(BaseStore):
             return Claim(ClaimStatus.CLAIMED, entry)
         if entry.fingerprint != fingerprint:
             return Claim(ClaimStatus.CONFLICT, entry)
-        return Claim(_CLAIM_ANSWERS[entry.state], entry)
+        answer = CLAIM_ANSWERS[entry.state]
+        if answer is ClaimStatus.CLAIMED:
+            # Cannot be: the claim's upsert takes every such key in this same transaction.
+            raise LedgerError(f"operation {key!r} is {entry.state} and was not claimed")
+        return Claim(answer, entry)
 
     def settle(
         self, key: str, fingerprint: str, move: str, result: Mapping[str, Any] | None = None

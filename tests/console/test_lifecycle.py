@@ -8,10 +8,27 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from console import lifecycle
-from console.models import Operation, OperationEvent, Phase, StopReport, Task, TaskState, TraceEvent
+from console.models import (
+    APPROVAL_MOVES,
+    NOTICE_MOVES,
+    RESTART_LOOP,
+    Approval,
+    ApprovalState,
+    Notice,
+    NoticeState,
+    NotificationChannel,
+    Operation,
+    OperationEvent,
+    Phase,
+    StopReport,
+    Task,
+    TaskState,
+    TraceEvent,
+)
 from console.store import open_store
 from guard import Reason, State
 
@@ -98,6 +115,71 @@ def test_the_moves_start_from_the_states_the_product_promises() -> None:
     assert moves["finish"][0] == {TaskState.RUNNING}
     assert TaskState.COMPLETED not in moves["resume"][0]  # completed is final
     assert moves["cancel"][1] == {TaskState.CANCELLED}
+    # Cancelled before it ran: queued, or held; a task that stopped after running keeps its end.
+    assert moves["cancel"].leaves(TaskState.QUEUED, "")
+    assert moves["cancel"].leaves(TaskState.NEEDS_HUMAN, RESTART_LOOP)
+    assert not moves["cancel"].leaves(TaskState.NEEDS_HUMAN, Reason.UNKNOWN_COMMIT)
+    # Only a task that waits for a call's answer is closed by its rejection.
+    assert moves["close"].leaves(TaskState.NEEDS_HUMAN, Reason.APPROVAL_REQUIRED)
+    assert not moves["close"].leaves(TaskState.NEEDS_HUMAN, Reason.PRECONDITION)
+
+
+STOPPED_FOR = [
+    RESTART_LOOP,
+    Reason.UNKNOWN_COMMIT,
+    Reason.APPROVAL_REQUIRED,
+    Reason.PRECONDITION,
+    "client_lost",
+]
+
+
+@pytest.mark.parametrize("reason", STOPPED_FOR)
+def test_a_stopped_task_is_cancelled_only_if_it_was_held_before_it_ran(
+    start: Start, operator: User, reason: str
+) -> None:
+    task = start("test_reader", {"pages": 1})
+    Task.objects.filter(id=task.id).update(state=TaskState.NEEDS_HUMAN, reason=reason)
+    seen = Task.objects.get(id=task.id)
+
+    try:
+        with transaction.atomic():
+            lifecycle.cancel(seen, actor=operator, note="not wanted")
+        cancelled = True
+    except lifecycle.LostRace:
+        cancelled = False
+
+    assert cancelled is (reason == RESTART_LOOP)
+    assert cancelled is seen.can_cancel  # the page offers Cancel exactly there
+    task.refresh_from_db()
+    if cancelled:
+        assert (task.state, task.reason) == (TaskState.CANCELLED, Reason.OPERATOR_STOP)
+    else:
+        assert (task.state, task.reason, task.stop_requested_at) == (
+            TaskState.NEEDS_HUMAN,
+            reason,
+            None,
+        )
+        assert not StopReport.objects.filter(task=task).exists()
+
+
+@pytest.mark.parametrize("reason", STOPPED_FOR)
+def test_only_a_task_waiting_for_a_call_s_answer_is_closed_by_a_rejection(
+    start: Start, reason: str
+) -> None:
+    task = start("test_reader", {"pages": 1})
+    Task.objects.filter(id=task.id).update(state=TaskState.NEEDS_HUMAN, reason=reason)
+    seen = Task.objects.get(id=task.id)
+
+    try:
+        with transaction.atomic():
+            lifecycle.close(seen, detail="a person rejected the call")
+        closed = True
+    except lifecycle.LostRace:
+        closed = False
+
+    assert closed is (reason == Reason.APPROVAL_REQUIRED) is seen.waits_for_approval
+    task.refresh_from_db()
+    assert task.state == (TaskState.PARTIAL if closed else TaskState.NEEDS_HUMAN)
 
 
 def test_an_operation_moves_only_from_a_state_its_move_may_leave_and_from_the_state_seen(
@@ -120,3 +202,99 @@ def test_an_operation_moves_only_from_a_state_its_move_may_leave_and_from_the_st
         "from_state", "to_state"
     )
     assert list(moves.order_by("id")) == [("", "IN_FLIGHT"), ("IN_FLIGHT", "UNKNOWN")]
+
+
+# -- approvals and notices -------------------------------------------------------------------
+
+
+def _approval(task: Task, state: str) -> Approval:
+    answered = state != ApprovalState.PENDING
+    return Approval.objects.create(
+        task=task,
+        phase=1,
+        tool="refund",
+        effect="write",
+        fingerprint="f" * 64,
+        state=state,
+        decided_at=timezone.now() if answered else None,
+        reason="answered before" if answered else "",
+    )
+
+
+@pytest.mark.parametrize("state", ApprovalState.values)
+@pytest.mark.parametrize("move", sorted(APPROVAL_MOVES))
+def test_an_approval_is_answered_from_exactly_the_states_its_table_allows(
+    start: Start, operator: User, move: str, state: str
+) -> None:
+    approval = _approval(start("test_reader", {"pages": 1}), state)
+    sources, target = APPROVAL_MOVES[move]
+
+    try:
+        lifecycle.approval_move(approval, move, actor=operator, reason="checked the order")
+        moved = True
+    except lifecycle.LostRace:
+        moved = False
+
+    row = Approval.objects.get(id=approval.id)
+    assert moved is (state in sources)
+    assert row.state == (target if moved else state)
+    assert row.reason == ("checked the order" if moved else approval.reason)
+    assert row.decided_by_id == (operator.id if moved else None)
+
+
+def test_an_approval_answered_meanwhile_keeps_its_first_answer(
+    start: Start, operator: User
+) -> None:
+    approval = _approval(start("test_reader", {"pages": 1}), ApprovalState.PENDING)
+    stale = Approval.objects.get(id=approval.id)  # a second person's view, still pending
+    lifecycle.approval_move(approval, "approve", actor=operator, reason="fine")
+
+    with pytest.raises(lifecycle.LostRace, match="no longer PENDING"):
+        lifecycle.approval_move(stale, "reject", actor=operator, reason="no", on_reject="end")
+
+    row = Approval.objects.get(id=approval.id)
+    assert (row.state, row.reason, row.on_reject) == (ApprovalState.APPROVED, "fine", "")
+
+
+def _notice(state: str, attempts: int = 1) -> Notice:
+    channel = NotificationChannel.objects.create(
+        name="ops", transport="email", address="ops@example.com", kinds=["needs_human"]
+    )
+    return Notice.objects.create(
+        channel=channel, kind="needs_human", payload={}, state=state, attempts=attempts
+    )
+
+
+@pytest.mark.parametrize("state", NoticeState.values)
+@pytest.mark.parametrize("move", sorted(NOTICE_MOVES))
+def test_a_notice_moves_from_exactly_the_states_its_table_allows(move: str, state: str) -> None:
+    notice = _notice(state)
+    sources, target = NOTICE_MOVES[move]
+
+    moved = lifecycle.notice_move(notice, move)
+
+    assert moved is (state in sources)
+    assert Notice.objects.get(id=notice.id).state == (target if moved else state)
+
+
+def test_a_worker_whose_claim_was_taken_over_moves_the_notice_no_more() -> None:
+    mine = _notice(NoticeState.SENDING, attempts=1)
+    theirs = Notice.objects.get(id=mine.id)
+    # My claim ran out; another worker claims the notice for the next try.
+    assert lifecycle.notice_move(theirs, "claim", attempts=2)
+
+    assert not lifecycle.notice_move(mine, "sent", sent_at=timezone.now(), claimed_until=None)
+
+    row = Notice.objects.get(id=mine.id)
+    assert (row.state, row.attempts, row.sent_at) == (NoticeState.SENDING, 2, None)
+
+
+def test_a_notice_of_a_removed_channel_is_not_claimed() -> None:
+    notice = _notice(NoticeState.PENDING, attempts=0)
+    NotificationChannel.objects.filter(id=notice.channel_id).update(active=False)
+
+    claimed = lifecycle.notice_move(notice, "claim", when=Q(channel__active=True), attempts=1)
+
+    assert not claimed
+    row = Notice.objects.get(id=notice.id)
+    assert (row.state, row.attempts) == (NoticeState.PENDING, 0)

@@ -166,9 +166,9 @@ def test_marking_an_unknown_operation_committed_adds_a_fact_and_an_audit_entry(
     assert op.evidence == "desk notice #17"
     assert op.result["data"] == {"notice": 17}
     history = list(
-        OperationEvent.objects.filter(operation=op).order_by("id").values_list(
-            "from_state", "to_state"
-        )
+        OperationEvent.objects.filter(operation=op)
+        .order_by("id")
+        .values_list("from_state", "to_state")
     )
     assert history == [("", "IN_FLIGHT"), ("IN_FLIGHT", "UNKNOWN"), ("UNKNOWN", "COMMITTED")]
     entry = AuditEntry.objects.get(operation=op)
@@ -238,14 +238,24 @@ def test_resumption_is_approved_exactly_where_the_task_says_it_can_resume(
 
 
 @pytest.mark.parametrize("stopping", [False, True], ids=["", "stop-recorded"])
-@pytest.mark.parametrize("state", [TaskState.QUEUED, TaskState.RUNNING, TaskState.PARTIAL])
+@pytest.mark.parametrize(
+    ("state", "reason"),
+    [
+        (TaskState.QUEUED, ""),
+        (TaskState.RUNNING, ""),
+        (TaskState.PARTIAL, "goal_unverified"),
+        (TaskState.NEEDS_HUMAN, "restart_loop"),  # held before it ran: cancelled
+        (TaskState.NEEDS_HUMAN, "unknown_commit"),  # stopped after it ran: stays stopped
+        (TaskState.NEEDS_HUMAN, "approval_required"),
+    ],
+)
 def test_a_stop_is_taken_exactly_where_the_task_says_it_can_stop(
-    start: Start, operator: User, state: str, stopping: bool
+    start: Start, operator: User, state: str, reason: str, stopping: bool
 ) -> None:
     task = start("test_reader", {"pages": 1})
     Task.objects.filter(id=task.id).update(
         state=state,
-        reason="goal_unverified" if state == TaskState.PARTIAL else "",
+        reason=reason,
         stop_requested_at=timezone.now() if stopping else None,
     )
     seen = Task.objects.get(id=task.id)

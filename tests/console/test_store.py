@@ -18,8 +18,8 @@ from django.utils import timezone
 from console import lifecycle, runner
 from console.models import Operation, OperationEvent, Task, TaskState, TraceEvent
 from console.store import LeaseLost, Record, Step, StopRecorded, open_store
-from guard import Guard, Kind, Result
-from guard.steps import OPERATION_MOVES, LedgerError
+from guard import Guard, Kind, OperationState, Result
+from guard.steps import CLAIM_ANSWERS, OPERATION_MOVES, LedgerError
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -282,6 +282,24 @@ def test_an_operation_makes_a_move_from_exactly_the_states_the_table_allows(
         assert made is allowed, (move, state)
         assert (row.state if row else None) == (target.value if made else state), (move, state)
         assert OperationEvent.objects.filter(operation__key=key).count() == events + made
+
+
+@pytest.mark.parametrize("state", STATES, ids=str)
+def test_a_claim_answers_by_the_entry_s_state_as_the_guard_s_claim_answers_say(
+    start: Start, state: str | None
+) -> None:
+    task = start("test_notices", {"count": 1})
+    store = open_store(task.id, "driver")
+    store.take_lease(30)
+    _operation_in(store, "k-1", state)
+
+    claim = store.claim("k-1", FP, tool="send_notice", args="{}")
+
+    assert claim.status is CLAIM_ANSWERS[None if state is None else OperationState(state)]
+    first = state is None
+    history = OperationEvent.objects.filter(operation__key="k-1").order_by("id")
+    if claim.status == "claimed":  # its history row says where it was taken from
+        assert history.values_list("from_state", flat=True).last() == ("" if first else state)
 
 
 def test_a_settling_move_for_other_input_is_refused(start: Start) -> None:

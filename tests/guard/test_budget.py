@@ -3,11 +3,16 @@ budgets already spent."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from dataclasses import fields
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
-from guard import Call, Evidence, Finish, Kind, Limits, Reason, Result, State, Usage
+from guard import Call, Evidence, Finish, Kind, Limits, Reason, Result, State, Usage, _values
 from guard._budget import Budget
 from guard.steps import DIMENSIONS, Dimension
 
@@ -196,6 +201,123 @@ def test_usage_remaining_and_the_report_name_the_budgets_of_dimensions_in_its_or
     assert list(report.remaining) == task_wide
     assert list(Limits().remaining(Usage())) == task_wide
     assert report.usage == Usage(**{d.used: getattr(report, d.used) for d in DIMENSIONS})
+
+
+def test_limits_and_usage_have_a_field_for_each_dimension_and_no_other() -> None:
+    limits = [f.name for f in fields(Limits)]
+    assert sorted(limits) == sorted([d.limit for d in DIMENSIONS] + list(_values._SETTINGS))
+    assert [f.name for f in fields(Usage)] == [d.used for d in DIMENSIONS]
+
+
+def test_the_limits_that_may_be_unbounded_are_those_whose_field_takes_none() -> None:
+    assert {"tokens", "spend", "explore"} == _values._UNBOUNDED
+    assert Limits(tokens=None, spend=None, explore=None).remaining(Usage()) == {
+        "model_calls": 20,
+        "requests": 40,
+        "executions": 30,
+        "tokens": None,
+        "spend": None,
+        "explore": None,
+        "deadline_ms": 60_000,
+    }
+
+
+def _limits(name: str, value: Any) -> Limits:
+    return Limits(**{name: value})
+
+
+@pytest.mark.parametrize("dimension", DIMENSIONS, ids=[d.limit for d in DIMENSIONS])
+def test_each_budgets_limit_is_checked_as_a_count(dimension: Dimension) -> None:
+    assert getattr(_limits(dimension.limit, 0), dimension.limit) == 0
+    with pytest.raises(ValueError, match=f"Limits.{dimension.limit} must be at least 0, got -1"):
+        _limits(dimension.limit, -1)
+    for wrong in (True, 1.5, "3"):
+        with pytest.raises(TypeError, match=f"Limits.{dimension.limit} must be an int"):
+            _limits(dimension.limit, wrong)
+    if dimension.limit in _values._UNBOUNDED:
+        assert getattr(_limits(dimension.limit, None), dimension.limit) is None
+    else:
+        with pytest.raises(TypeError, match=f"Limits.{dimension.limit} must be an int"):
+            _limits(dimension.limit, None)
+
+
+@pytest.mark.parametrize("name", ["same", "stagnant", "max_period"])
+def test_the_detectors_settings_are_counts_of_at_least_one(name: str) -> None:
+    assert getattr(_limits(name, 1), name) == 1
+    with pytest.raises(ValueError, match=f"Limits.{name} must be at least 1, got 0"):
+        _limits(name, 0)
+
+
+def _values_edited(tmp_path: Path, *edits: tuple[str, str]) -> ModuleType:
+    """guard/_values.py with each ``(anchor, addition)`` put after its anchor, imported on
+    its own (it imports nothing of the guard's)."""
+    source = Path(_values.__file__).read_text(encoding="utf-8")
+    for anchor, addition in edits:
+        assert source.count(anchor) == 1, f"guard/_values.py no longer has {anchor!r}"
+        source = source.replace(anchor, anchor + addition)
+    path = tmp_path / "edited_values.py"
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("edited_values", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses and get_type_hints look the module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+# A budget of pages read, as a newcomer would add it: its dimension, its limit, its counter.
+NEW_DIMENSION = (
+    "DIMENSIONS: tuple[Dimension, ...] = (\n",
+    '    Dimension("pages", "pages", Reason.REQUEST_BUDGET, "pages"),\n',
+)
+NEW_LIMIT = ("    max_period: int = 4\n", "    pages: int | None = None\n")
+NEW_COUNTER = (
+    '    """What a task has already spent: carried into a new guard when a task resumes."""\n\n',
+    "    pages: int = 0\n",
+)
+
+
+def test_a_dimension_without_its_limits_field_stops_the_import(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"Limits has no field for: \['pages'\]"):
+        _values_edited(tmp_path, NEW_DIMENSION, NEW_COUNTER)
+
+
+def test_a_limits_field_without_a_dimension_stops_the_import(tmp_path: Path) -> None:
+    stray = r"neither a budget of DIMENSIONS nor a setting: \['pages'\]"
+    with pytest.raises(TypeError, match=stray):
+        _values_edited(tmp_path, NEW_LIMIT)
+
+
+def test_a_dimension_without_its_usage_counter_stops_the_import(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"Usage's fields .* must be the counters of DIMENSIONS"):
+        _values_edited(tmp_path, NEW_DIMENSION, NEW_LIMIT)
+
+
+def test_a_usage_counter_without_a_dimension_stops_the_import(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"Usage's fields .* must be the counters of DIMENSIONS"):
+        _values_edited(tmp_path, NEW_COUNTER)
+
+
+def test_a_dimension_declared_twice_stops_the_import(tmp_path: Path) -> None:
+    again = (NEW_DIMENSION[0], '    Dimension("spend", "spend", Reason.SPEND_BUDGET, "spend"),\n')
+    with pytest.raises(TypeError, match=r"declares the used \['spend'\] more than once"):
+        _values_edited(tmp_path, again)
+
+
+def test_a_dimension_with_its_two_fields_is_checked_counted_and_kept_like_the_others(
+    tmp_path: Path,
+) -> None:
+    edited = _values_edited(tmp_path, NEW_DIMENSION, NEW_LIMIT, NEW_COUNTER)
+
+    assert {"tokens", "spend", "explore", "pages"} == edited._UNBOUNDED
+    assert edited.Limits(pages=None).pages is None
+    with pytest.raises(ValueError, match=r"Limits\.pages must be at least 0, got -1"):
+        edited.Limits(pages=-1)
+    assert list(edited.Usage(pages=3).to_dict()) == ["pages", *Usage().to_dict()]
+    assert edited.Limits(pages=5).remaining(edited.Usage(pages=3))["pages"] == 2
 
 
 PENDING_JOB = read("fetch_job_status", job=7)

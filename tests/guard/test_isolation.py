@@ -16,16 +16,14 @@ from pathlib import Path
 import pytest
 
 import guard
+from guard._integrations import INTEGRATIONS as TABLE
 
 GUARD_DIR = Path(guard.__file__).resolve().parent
 MODULES = sorted(GUARD_DIR.glob("*.py"))
 CONSOLE_STACK = ("django", "celery", "kombu", "psycopg", "psycopg2", "redis")
-# The framework integrations: each imports its own framework (an optional extra) and
-# nothing else from outside; `import guard` loads neither.
-INTEGRATIONS = {
-    "langchain.py": {"langchain", "langchain_core", "langgraph"},
-    "openai_agents.py": {"agents"},
-}
+# The framework integrations (guard/_integrations.py): each imports its own framework (an
+# optional extra) and nothing else from outside; `import guard` loads none of them.
+INTEGRATIONS = {f"{i.module.rpartition('.')[2]}.py": i.imports for i in TABLE}
 FRAMEWORKS = {root for roots in INTEGRATIONS.values() for root in roots} | {"openai"}
 
 
@@ -58,7 +56,7 @@ def test_importing_guard_loads_none_of_the_consoles_stack() -> None:
     assert leaked == set()
     frameworks = {name for name in loaded if name.split(".")[0] in FRAMEWORKS}
     assert frameworks == set()
-    assert not {"guard.langchain", "guard.openai_agents", "guard.remote"} & loaded
+    assert not ({integration.module for integration in TABLE} | {"guard.remote"}) & loaded
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -75,6 +73,7 @@ def imported_roots(path: Path) -> set[str]:
 def test_the_guard_package_has_modules_to_check() -> None:
     names = {path.name for path in MODULES}
     assert {"__init__.py", "_guard.py", "_ledger.py", "_fingerprint.py"} <= names
+    assert set(INTEGRATIONS) <= names  # each integration of the table is checked here
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)

@@ -28,7 +28,7 @@ from guard import (
     Result,
     State,
 )
-from guard.steps import ClaimStatus, LedgerError, fingerprint
+from guard.steps import CLAIM_ANSWERS, OPERATION_MOVES, ClaimStatus, LedgerError, fingerprint
 
 FP = fingerprint("send_notice", {"incident": 42, "text": "Disk full"})
 OTHER_FP = fingerprint("send_notice", {"incident": 42, "text": "Disk is full"})
@@ -269,6 +269,71 @@ def test_an_illegal_transition_raises_and_changes_nothing(
         move(ledger, key)
 
     assert ledger.get(key) == before
+
+
+# -- the one table ------------------------------------------------------------------------
+
+ARRANGED: dict[OperationState | None, Callable[[InMemoryLedger], str]] = {
+    None: missing,
+    OperationState.IN_FLIGHT: in_flight,
+    OperationState.UNKNOWN: unknown,
+    OperationState.COMMITTED: committed,
+    OperationState.NOT_COMMITTED: not_committed,
+}
+
+
+def _made(ledger: InMemoryLedger, move: str, key: str) -> bool:
+    if move == "claim":
+        return ledger.claim(key, FP).status is ClaimStatus.CLAIMED
+    try:
+        if move == "record":
+            ledger.record(key, FP, RECEIPT)
+        elif move == "lose":
+            ledger.mark_unknown(key, FP)
+        else:
+            settled = move == "settle_committed"
+            ledger.resolve(key, committed=settled, result=RECEIPT if settled else None)
+    except LedgerError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("state", list(ARRANGED), ids=str)
+@pytest.mark.parametrize("move", sorted(OPERATION_MOVES))
+def test_an_entry_makes_a_move_from_exactly_the_states_the_table_allows(
+    move: str, state: OperationState | None
+) -> None:
+    ledger = InMemoryLedger()
+    key = ARRANGED[state](ledger)
+    sources, target = OPERATION_MOVES[move]
+
+    made = _made(ledger, move, key)
+
+    entry = ledger.get(key)
+    assert made is (state in sources)
+    assert (None if entry is None else entry.state) == (target if made else state)
+
+
+@pytest.mark.parametrize("state", list(ARRANGED), ids=str)
+def test_a_claim_answers_by_the_entry_s_state_as_the_claim_answers_say(
+    state: OperationState | None,
+) -> None:
+    ledger = InMemoryLedger()
+    key = ARRANGED[state](ledger)
+
+    assert ledger.claim(key, FP).status is CLAIM_ANSWERS[state]
+
+
+def test_the_claim_answers_take_only_a_fresh_or_a_verified_not_committed_key() -> None:
+    assert dict(CLAIM_ANSWERS) == {
+        None: ClaimStatus.CLAIMED,
+        OperationState.NOT_COMMITTED: ClaimStatus.CLAIMED,
+        OperationState.IN_FLIGHT: ClaimStatus.IN_FLIGHT,  # never run twice at once
+        OperationState.UNKNOWN: ClaimStatus.UNKNOWN,  # a person settles it first
+        OperationState.COMMITTED: ClaimStatus.COMMITTED,  # its result is reused
+    }
+    claimed = {state for state, answer in CLAIM_ANSWERS.items() if answer is ClaimStatus.CLAIMED}
+    assert claimed == OPERATION_MOVES["claim"][0]
 
 
 # -- concurrency --------------------------------------------------------------------------

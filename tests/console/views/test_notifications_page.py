@@ -11,7 +11,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from console import notifications
-from console.models import AuditEntry, Notice, NoticeState, NotificationChannel
+from console.models import AuditEntry, Notice, NoticeAttempt, NoticeState, NotificationChannel
 from console.tasks import deliver_notice
 from tests.console.test_notifications import SECRET, Receiver, receiving
 
@@ -206,6 +206,26 @@ def test_a_failed_try_is_visible_with_its_status_but_never_the_receivers_answer(
     assert "failed · HTTP 502 · answered 502" in shown
     assert "the receiver is down today" not in shown  # a webhook's body is never shown
     assert "next try" in shown
+
+
+def test_each_channel_is_shown_in_its_transports_words_and_only_an_emails_answer_is_shown(
+    signed_in: SignIn,
+) -> None:
+    hook = channel("https://hooks.example.com/services/T0/B0/xyz")
+    mail = NotificationChannel.objects.create(
+        name="reconcilers", transport="email", address="ops@example.com", kinds=["needs_human"]
+    )
+    # Tries as an older console may have kept them: a webhook's with the receiver's answer.
+    for target, said in ((hook, "what the receiver answered"), (mail, "accepted by smtp for 1")):
+        notice = Notice.objects.create(channel=target, kind="test", payload={"text": "a test"})
+        NoticeAttempt.objects.create(notice=notice, number=1, ok=True, response=said)
+
+    shown = body(signed_in("admin").get("/notifications/"))
+
+    assert "webhook: https://hooks.example.com/…/xyz" in shown and "T0/B0" not in shown
+    assert "email: ops@example.com" in shown
+    assert "accepted by smtp for 1" in shown  # the mail server's acceptance: our own words
+    assert "what the receiver answered" not in shown
 
 
 def test_the_send_test_button_needs_the_csrf_token(

@@ -44,6 +44,7 @@ from guard import (
 from guard.adapters import ToolSpec, tool_effects
 from guard.langchain import LoopGuardMiddleware
 from guard.openai_agents import GuardedRun
+from guard.steps import ENDED_WITHOUT_ANSWER
 
 from ..support import Clock
 
@@ -62,6 +63,8 @@ SPECS = {
     "search": ToolSpec("read"),
     "send_notice": ToolSpec("write", lambda args: f"incident-{args['incident']}-first-notice"),
     "refund": ToolSpec("write", lambda args: f"order-{args['order']}-refund"),
+    "read_feed": ToolSpec("read"),
+    "post_status": ToolSpec("write", lambda args: f"incident-{args['incident']}-status"),
 }
 
 
@@ -100,6 +103,10 @@ class Desk:
             return Result(Kind.SUCCESS, {"notice": len(self.notices)})
         if tool == "refund":
             return Result(Kind.FATAL, {"error": "the card was closed; nothing was charged"})
+        if tool == "read_feed":
+            raise ConnectionError(f"the {args['feed']} feed is unreachable")
+        if tool == "post_status":  # posted, and then its answer was lost on the way back
+            raise TimeoutError("the status page did not answer")
         raise AssertionError(f"no tool {tool}")
 
     def inspect(self, result: Result | None, subject: Call | Finish) -> Evidence:
@@ -207,6 +214,25 @@ LOOPS: dict[str, Loop] = {
         REWORDED,
         ("PARTIAL", "no_progress", 4),  # its first answer was new: progress
     ),
+    # A tool's exception is the guard's to judge, in every driver: a read's fails the task,
+    # a write's leaves the write UNKNOWN for a person (no lookup here).
+    "a read that raises fails the task": Loop(
+        times(2, "read_feed", feed="status"),
+        ("FAILED", "executor_error", 1),
+        inspected=True,
+        detail="ConnectionError: the status feed is unreachable",
+    ),
+    "a read that raises fails the task without an inspector too": Loop(
+        times(2, "read_feed", feed="status"),
+        ("FAILED", "executor_error", 1),
+        detail="ConnectionError",
+    ),
+    "a write whose answer is lost waits for a person": Loop(
+        times(2, "post_status", incident=42),
+        ("NEEDS_HUMAN", "executor_error", 1),
+        inspected=True,
+        detail="TimeoutError",
+    ),
     "three distinct reads stop early when the agent opts out of exploration": Loop(
         READS_THEN_WRITE,
         ("PARTIAL", "no_progress", 3),
@@ -301,7 +327,20 @@ def langchain_tools(desk: Desk) -> list[BaseTool]:
         """Refund an order."""
         return answered("refund", order=order)
 
-    return [export_status, fetch_rates, coupons, read_archive, load, search, send_notice, refund]
+    @tool(response_format="content_and_artifact")
+    def read_feed(feed: str) -> tuple[str, Result]:
+        """Read a status feed."""
+        return answered("read_feed", feed=feed)
+
+    @tool(response_format="content_and_artifact")
+    def post_status(incident: int) -> tuple[str, Result]:
+        """Post the incident's status."""
+        return answered("post_status", incident=incident)
+
+    return [
+        export_status, fetch_rates, coupons, read_archive, load, search, send_notice, refund,
+        read_feed, post_status,
+    ]  # fmt: skip
 
 
 def under_langchain(loop: Loop) -> Ended:
@@ -318,7 +357,10 @@ def under_langchain(loop: Loop) -> Ended:
     agent = create_agent(
         OfflineChatModel(responses=replies), tools=langchain_tools(desk), middleware=[middleware]
     )
-    agent.invoke({"messages": [{"role": "user", "content": "Look after incident 42."}]})
+    try:
+        agent.invoke({"messages": [{"role": "user", "content": "Look after incident 42."}]})
+    except (ConnectionError, TimeoutError):
+        middleware.close()  # no retry middleware took a read's exception: the guard is told
     assert middleware.report is not None
     return Ended(middleware.report, desk, clock.waits)
 
@@ -358,7 +400,18 @@ def agents_sdk_functions(desk: Desk) -> list[Callable[..., Result]]:
         """Refund an order."""
         return desk.answer("refund", {"order": order})
 
-    return [export_status, fetch_rates, coupons, read_archive, load, search, send_notice, refund]
+    def read_feed(feed: str) -> Result:
+        """Read a status feed."""
+        return desk.answer("read_feed", {"feed": feed})
+
+    def post_status(incident: int) -> Result:
+        """Post the incident's status."""
+        return desk.answer("post_status", {"incident": incident})
+
+    return [
+        export_status, fetch_rates, coupons, read_archive, load, search, send_notice, refund,
+        read_feed, post_status,
+    ]  # fmt: skip
 
 
 def under_agents_sdk(loop: Loop) -> Ended:
@@ -448,3 +501,46 @@ def test_a_job_that_is_never_ready_is_polled_until_its_budget_whatever_drives_it
         assert ended.desk.runs["export_status"] == 1 + LIMITS.polls, driver
         assert ended.report.call is not None
         assert ended.report.call["tool"] == "export_status"
+
+
+def test_a_run_that_ends_on_a_tools_output_ends_goal_unverified_under_either_framework() -> None:
+    # The export is ready on the first look: had the model said it was done, the inspector
+    # would have verified it. It never said so: a tool's output ended the run.
+    loop = Loop(
+        times(1, "export_status", job="e-7"),
+        ("PARTIAL", "goal_unverified", 1),
+        inspected=True,
+        export_ready_on=1,
+    )
+    endings = {}
+
+    desk = loop.desk()
+    guard = Guard(loop.limits, ledger=InMemoryLedger(), tools=tool_effects(SPECS))
+    middleware = LoopGuardMiddleware(guard, SPECS, inspect=desk.inspect)
+
+    @tool(return_direct=True)
+    def export_status(job: str) -> str:
+        """Look at an export job; its answer goes to the user as it is."""
+        return json.dumps(desk.answer("export_status", {"job": job}).data)
+
+    reply = AIMessage("", tool_calls=[{"name": "export_status", "args": {"job": "e-7"}, "id": "1"}])
+    model = OfflineChatModel(responses=[reply, AIMessage("never asked")])
+    agent = create_agent(model, tools=[export_status], middleware=[middleware])
+    agent.invoke({"messages": [{"role": "user", "content": "Is the export ready?"}]})
+    assert middleware.report is not None
+    endings["langchain"] = middleware.report
+
+    desk = loop.desk()
+    guarded = GuardedRun(Guard(loop.limits, ledger=InMemoryLedger()), inspect=desk.inspect)
+    status = next(f for f in agents_sdk_functions(desk) if f.__name__ == "export_status")
+    agent_sdk = Agent(
+        name="desk",
+        model=ScriptedModel([[function_call("export_status", {"job": "e-7"}, call_id="1")]]),
+        tools=[guarded.tool(status, effect="read")],
+        tool_use_behavior="stop_on_first_tool",
+    )
+    endings["openai-agents"] = guarded.run_sync(agent_sdk, "Is it ready?", run_config=QUIET).report
+
+    for driver, report in endings.items():
+        assert ending(Ended(report, desk)) == loop.expected, driver
+        assert report.detail == ENDED_WITHOUT_ANSWER, driver
