@@ -154,7 +154,7 @@ def guard_pyproject(pyproject: dict[str, Any]) -> str:
           for extra, needs in own.get("optional-dependencies", {}).items()),
         "",
         "[tool.setuptools]",
-        'packages = ["guard"]',
+        'packages = ["guard", "guard.remote"]',  # each package of guard/, named
     ]  # fmt: skip
     return "\n".join(lines) + "\n"
 

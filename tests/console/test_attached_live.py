@@ -290,9 +290,10 @@ def test_a_new_process_starting_with_the_same_start_id_takes_over_the_task_it_ma
              "start_id": "nightly-job-2026-12-03", "heartbeat": False}  # fmt: skip
     first = RemoteGuard.start(url, **start)
     assert first.before_model() is None  # ...and the process dies here, its answer unsaved
-    import guard.remote
+    import guard.remote._coming_back
 
-    monkeypatch.setattr(guard.remote, "_STARTED", {})  # a new process remembers nothing
+    # A new process remembers nothing (the starts it made are kept where start() runs).
+    monkeypatch.setattr(guard.remote._coming_back, "_STARTED", {})
     second = RemoteGuard.start(url, **start)  # waits out the first one's lease, then goes on
     with second:
         assert second.task == first.task and second.lease != first.lease

@@ -92,7 +92,10 @@ def test_the_guard_wheel_holds_guard_alone(wheels: dict[str, Path]) -> None:
 
     tops = {name.split("/")[0] for name in names}
     assert tops == {"guard", f"loopguard_guard-{version}.dist-info"}  # no console/
-    assert {"guard/__init__.py", "guard/remote.py", "guard/langchain.py"} <= names
+    assert {"guard/__init__.py", "guard/remote/__init__.py", "guard/langchain.py"} <= names
+    # Every module of the checkout's guard/, its packages' too (guard/remote/ is one).
+    checkout = ROOT / "guard"
+    assert {f"guard/{p.relative_to(checkout).as_posix()}" for p in checkout.rglob("*.py")} <= names
     assert "guard/py.typed" in names  # its types reach the agent's mypy
 
 

@@ -19,7 +19,8 @@ import guard
 from guard._integrations import INTEGRATIONS as TABLE
 
 GUARD_DIR = Path(guard.__file__).resolve().parent
-MODULES = sorted(GUARD_DIR.glob("*.py"))
+# Every module, its packages' too (guard/remote/), by its path in guard/: "remote/_guard.py".
+MODULES = sorted(GUARD_DIR.rglob("*.py"))
 CONSOLE_STACK = ("django", "celery", "kombu", "psycopg", "psycopg2", "redis")
 # The framework integrations (guard/_integrations.py): each imports its own framework (an
 # optional extra) and nothing else from outside; `import guard` loads none of them.
@@ -70,20 +71,25 @@ def imported_roots(path: Path) -> set[str]:
     return roots
 
 
+def in_guard(path: Path) -> str:
+    return path.relative_to(GUARD_DIR).as_posix()
+
+
 def test_the_guard_package_has_modules_to_check() -> None:
-    names = {path.name for path in MODULES}
+    names = {in_guard(path) for path in MODULES}
     assert {"__init__.py", "_guard.py", "_ledger.py", "_fingerprint.py"} <= names
+    assert {"remote/__init__.py", "remote/_transport.py", "remote/_guard.py"} <= names
     assert set(INTEGRATIONS) <= names  # each integration of the table is checked here
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)
+@pytest.mark.parametrize("path", MODULES, ids=in_guard)
 def test_every_guard_module_imports_only_the_standard_library(path: Path) -> None:
     outside = imported_roots(path) - set(sys.stdlib_module_names) - {"__future__"}
-    assert outside <= INTEGRATIONS.get(path.name, set())
+    assert outside <= INTEGRATIONS.get(in_guard(path), set())
 
 
 def test_every_guard_module_uses_relative_imports_for_its_own_package() -> None:
-    absolute_self = {path.name for path in MODULES if "guard" in imported_roots(path)}
+    absolute_self = {in_guard(path) for path in MODULES if "guard" in imported_roots(path)}
     assert absolute_self == set()
 
 

@@ -1,4 +1,4 @@
-"""The Python client (guard/remote.py) waits as long as the console asks before it sends a
+"""The Python client (guard/remote/) waits as long as the console asks before it sends a
 request again: ``Retry-After`` on a 503 (the console's database restarting) or a 429,
 never less than its own backoff, never more than 30 s.
 
