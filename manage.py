@@ -314,9 +314,19 @@ def ensure_browser() -> None:
             sys.exit(f"manage.py test: `{' '.join(command)}` failed")
 
 
+def test_processes() -> int:
+    """How many pytest processes the whole suite runs on: two where there are two cores or
+    more (each with its own test database and Redis database), else one."""
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
 def run_tests(pytest_args: list[str]) -> None:
-    """Run ruff, mypy and pytest in order; stop at the first step that fails."""
+    """Run ruff, mypy and pytest in order; stop at the first step that fails. Without
+    arguments pytest runs the whole suite on :func:`test_processes` processes (a process
+    that is free takes the next test); with arguments, exactly as they say."""
     ensure_browser()
+    if not pytest_args and (processes := test_processes()) > 1:
+        pytest_args = ["-n", str(processes), "--dist", "worksteal"]
     steps = [
         ("ruff", ["ruff", "check", "."]),
         ("mypy", ["mypy"]),
@@ -386,7 +396,8 @@ Runs, in order and stopping at the first that fails:
   pytest ...        every test, against the real PostgreSQL and Redis named by
                     DATABASE_URL and REDIS_URL (defaults: 127.0.0.1), with real Celery
                     workers and headless Chromium; arguments are passed to pytest
-                    (for instance `-m "not slow"`, `tests/guard`, `-x`).
+                    (for instance `-m "not slow"`, `tests/guard`, `-x`). Without any,
+                    the whole suite runs on two processes where there are two cores.
 
 Before it runs, .venv gets the guard's distribution and the console's with its dev and
 model extras and the extra of every framework integration (guard/_integrations.py names

@@ -20,14 +20,15 @@ def _redis_of_worker(url: str, worker: str) -> str:
     return urlunsplit(parts._replace(path=f"/{given + 1 + int(worker.removeprefix('gw'))}"))
 
 
+# Said in the environment once REDIS_URL is the worker's: what the worker starts (Celery
+# workers, gunicorn, manage.py) inherits both, and must not move it again.
+_MOVED = "TESTS_REDIS_OF_XDIST_WORKER"
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-if _WORKER and urlsplit(REDIS_URL).scheme == "redis":
+if _WORKER and os.environ.get(_MOVED) != _WORKER and urlsplit(REDIS_URL).scheme == "redis":
     if CELERY_BROKER_URL == REDIS_URL:
         CELERY_BROKER_URL = _redis_of_worker(REDIS_URL, _WORKER)
     REDIS_URL = _redis_of_worker(REDIS_URL, _WORKER)
-    # What this worker starts (Celery workers, gunicorn, manage.py) reads the same one: its
-    # environment loses pytest's variables, not this.
-    os.environ["REDIS_URL"] = REDIS_URL
+    os.environ["REDIS_URL"], os.environ[_MOVED] = REDIS_URL, _WORKER
 
 LOOPGUARD_AGENTS = {
     **LOOPGUARD_AGENTS,
