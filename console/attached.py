@@ -28,6 +28,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -39,7 +40,6 @@ from guard import (
     Call,
     Evidence,
     Finish,
-    Guard,
     Kind,
     Nudge,
     OperationState,
@@ -62,7 +62,14 @@ from .inputs import (
     key_problem,
 )
 from .ledger import DatabaseLedger
-from .lifecycle import audit_automatic_settle, limits_of, operator_stop_detail, usage_of
+from .lifecycle import (
+    audit_automatic_settle,
+    guard_of,
+    limits_of,
+    of_this_phase,
+    operator_stop_detail,
+    usage_of,
+)
 from .models import (
     Decision,
     EventKind,
@@ -311,18 +318,14 @@ def _settle_late(task: Task, lease: str, fields: Mapping[str, Any]) -> None:
     not left for nobody. The stop stands; only the ledger moves (once: a write settled
     already, or a read, is left as it is)."""
     checkpoint = task.checkpoint if isinstance(task.checkpoint, dict) else {}
-    if checkpoint.get("phase") != task.phase or "steps" not in checkpoint.get("guard", {}):
+    if not of_this_phase(task) or "steps" not in checkpoint["guard"]:
         return
     if (checkpoint.get("attached") or {}).get("lease") != lease:
         return  # only the client that was running it may say what became of it
     store = open_store(task.id, lease)
     ledger = DatabaseLedger(store=store)
-    guard = Guard.restore(
-        dict(checkpoint["guard"]),
-        limits_of(task),
-        history=lambda: store.history(task.phase),  # stopped already: no report is made
-        **_options(task, ledger),
-    )
+    # Stopped already: no report is made from the history.
+    guard = guard_of(task, _options(task, ledger), history=partial(store.history, task.phase))
     index = fields.get("ticket")
     ticket = next((t for t in guard.tickets if t.index == index), None)
     if ticket is None or str(ticket.status) != "executing" or ticket.call.effect != "write":
@@ -437,18 +440,13 @@ class _Driver:
         self.tokens = 0
         self.cost: int | None = None
         checkpoint = task.checkpoint if isinstance(task.checkpoint, dict) else {}
-        same_phase = checkpoint.get("phase") == task.phase and "guard" in checkpoint
         options = _options(task, self.ledger)
-        limits = limits_of(task)
-        used = usage_of(task)
-        if same_phase:
+        if of_this_phase(task):
             clock = checkpoint.get("attached") or {}
             # The time since the last step (the model thinking, a tool running) counts.
             gap = max(0, round(self.now - float(clock.get("saved_at") or self.now)))
-            saved = dict(checkpoint["guard"])
-            saved["usage"] = {**used.to_dict(), "elapsed_ms": used.elapsed_ms + gap}
-            self.in_progress = _met_the_ledger(saved.get("steps"))
-            self.guard = Guard.restore(saved, limits, history=self._history, **options)
+            self.in_progress = _met_the_ledger(checkpoint["guard"].get("steps"))
+            self.guard = guard_of(task, options, history=self._history, elapsed_ms=gap)
             self.clock = _Clock(clock.get("model_at"), dict(clock.get("entered") or {}))
             orphans = set(clock.get("orphans") or ())
             self.clock.orphaned_by = str(clock.get("orphaned_by") or "")
@@ -463,7 +461,7 @@ class _Driver:
                 if ticket.index in orphans and str(ticket.status) in _RUNNING
             )
         else:
-            self.guard = Guard(limits, used=used, revision=task.revision, **options)
+            self.guard = guard_of(task, options, history=self._history)
             self.clock = _Clock()
         self.settled: list[tuple[str, Settlement]] = []
         """Writes a client's lookup settled in this step, for the audit log (:meth:`run`)."""

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, timedelta
 from typing import Any
 
@@ -33,7 +34,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from guard import Kind, Limits, Reason, Report, Result, State, Usage
+from guard import Guard, Kind, Limits, Reason, Report, Result, State, Usage
 from guard import OperationState as EntryState
 from guard.steps import DIMENSIONS, OPERATION_MOVES
 from guard.steps import Operation as Entry
@@ -87,6 +88,38 @@ def limits_of(task: Task) -> Limits:
 def usage_of(task: Task) -> Usage:
     """What the task has spent, from its counters (``Usage`` fields are ``Task`` columns)."""
     return Usage(**{d.used: getattr(task, d.used) for d in DIMENSIONS})
+
+
+def guard_of(
+    task: Task,
+    options: Mapping[str, Any],
+    *,
+    history: Callable[[], Mapping[str, Any]],
+    elapsed_ms: int = 0,
+) -> Guard:
+    """The task's guard for a driver's step: restored from its checkpoint when that is of
+    the task's current phase (a crash, a redelivery, an attached client's next request:
+    the detectors' memory goes on, and a step in progress with it), else a new phase's
+    (budgets carried over, repeat memory afresh). The counters always come from the row,
+    which is never behind the checkpoint; ``elapsed_ms`` is time the row has not counted
+    yet (an attached client's model thinking since its last step). ``history`` gives the
+    phase's history when the guard needs it (``Guard.restore``); ``options`` are the
+    guard's constructor options. The one restore path of both drivers."""
+    checkpoint = task.checkpoint if isinstance(task.checkpoint, dict) else {}
+    used = usage_of(task)
+    if elapsed_ms:
+        used = replace(used, elapsed_ms=used.elapsed_ms + elapsed_ms)
+    if not of_this_phase(task):
+        return Guard(limits_of(task), used=used, revision=task.revision, **options)
+    saved = {**checkpoint["guard"], "usage": used.to_dict()}
+    return Guard.restore(saved, limits_of(task), history=history, **options)
+
+
+def of_this_phase(task: Task) -> bool:
+    """Whether the task's checkpoint holds a guard of its current phase (else the next
+    drive starts the phase afresh)."""
+    checkpoint = task.checkpoint if isinstance(task.checkpoint, dict) else {}
+    return checkpoint.get("phase") == task.phase and isinstance(checkpoint.get("guard"), dict)
 
 
 def counters_of(usage: Usage, revision: int) -> dict[str, int]:

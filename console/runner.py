@@ -52,7 +52,7 @@ from guard.steps import (
 from . import lifecycle, trace
 from .agents import Agent, Tool, agent_class
 from .ledger import DatabaseLedger
-from .lifecycle import limits_of, recover, usage_of
+from .lifecycle import recover
 from .logs import task_context
 from .models import Approval as ApprovalRow
 from .models import (
@@ -427,12 +427,14 @@ class _Driver:
             "needs_approval": self.agent.approval_policy(),
             "approvals": _approvals_for(task),
         }
-        self.fresh = not _same_phase(task, checkpoint)
+        self.fresh = not lifecycle.of_this_phase(task)
         # The guard may hold a write for approval before its claim (which reads the stop
         # fact): then the stop fact must be read again before the call, to be named.
         self.gated = options["needs_approval"] is not None or bool(options["approvals"])
         self.approving = False  # the approved call is about to run: checkpoint it first
-        self.guard = _guard_of(task, checkpoint, store, options)
+        self.guard = lifecycle.guard_of(
+            task, options, history=partial(store.history, task.phase)
+        )
         # The order of the guard's steps, as every driver keeps it (each tool's lookup is
         # given per call: it is the tool's own).
         self.seq = Sequencer(self.guard, inspect=self.agent.inspect)
@@ -911,11 +913,6 @@ def _transient(error: BaseException) -> bool:
     return transient_error(error) or isinstance(error, (OperationalError, InterfaceError))
 
 
-def _same_phase(task: Task, checkpoint: dict[str, Any]) -> bool:
-    """Whether the checkpoint is of the task's current phase (a crash or redelivery)."""
-    return checkpoint.get("phase") == task.phase and "guard" in checkpoint
-
-
 def _approvals_for(task: Task) -> list[Approval]:
     """The answers people gave to the call that stopped the phase before this one: they
     are this phase's to use, once. An approved call is handed over whole when its stored
@@ -949,22 +946,6 @@ def _approvals_for(task: Task) -> list[Approval]:
             )
         )
     return answers
-
-
-def _guard_of(
-    task: Task, checkpoint: dict[str, Any], store: StepStore, options: dict[str, Any]
-) -> Guard:
-    """The task's guard for this drive, from its checkpoint when it is of this phase."""
-    limits = limits_of(task)
-    if _same_phase(task, checkpoint):
-        # The same phase after a crash or redelivery: go on with the detectors' memory.
-        # The counters come from the row, which is never behind the checkpoint.
-        saved = dict(checkpoint["guard"])
-        saved["usage"] = usage_of(task).to_dict()
-        history = store.history(task.phase)
-        return Guard.restore(saved, limits, history=history, **options)
-    # A new phase: budgets carry over, repeat memory starts afresh.
-    return Guard(limits, used=usage_of(task), revision=task.revision, **options)
 
 
 def _checkpoint_of(phase: int, guard: Guard, agent: Agent, observation: Any) -> dict[str, Any]:

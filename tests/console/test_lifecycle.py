@@ -30,7 +30,7 @@ from console.models import (
     TraceEvent,
 )
 from console.store import open_store
-from guard import Reason, State
+from guard import Call, Guard, Kind, Limits, Nudge, Reason, Result, State
 
 pytestmark = pytest.mark.django_db
 
@@ -298,3 +298,32 @@ def test_a_notice_of_a_removed_channel_is_not_claimed() -> None:
     assert not claimed
     row = Notice.objects.get(id=notice.id)
     assert (row.state, row.attempts) == (NoticeState.PENDING, 0)
+
+
+def test_both_drivers_restore_a_guard_by_one_rule_its_phase_and_the_rows_counters(
+    start: Start,
+) -> None:
+    task = start("test_reader", {"pages": 2})
+    # A guard of phase 1 that has seen one call twice: a third is a repeat it remembers.
+    seen = Guard(Limits(same=2))
+    for _ in range(2):
+        assert seen.before_model() is None
+        (ticket,) = seen.before_tools(Call("read_page", {"page": 1}, "read"))
+        seen.before_tool(ticket)
+        seen.after_tool(ticket, Result(Kind.SUCCESS, "page 1"), inspect=None)
+    task.checkpoint = {"phase": task.phase, "guard": seen.checkpoint(history=False)}
+    task.model_calls, task.elapsed_ms = 5, 1_000  # the row is never behind the checkpoint
+    no_history = {"touched": [], "completed": []}
+
+    same = lifecycle.guard_of(task, {"nudge": True}, history=lambda: no_history, elapsed_ms=250)
+    assert lifecycle.of_this_phase(task)
+    assert (same.usage.model_calls, same.usage.elapsed_ms) == (5, 1_250)
+    assert same.before_model() is None
+    assert isinstance(same.before_tools(Call("read_page", {"page": 1}, "read")), Nudge)
+
+    task.phase += 1  # an approved resumption: the checkpoint is of the phase before
+    fresh = lifecycle.guard_of(task, {"nudge": True}, history=lambda: no_history)
+    assert not lifecycle.of_this_phase(task)
+    assert fresh.usage.model_calls == 5  # budgets carry over,
+    assert fresh.before_model() is None  # repeat memory starts afresh
+    assert isinstance(fresh.before_tools(Call("read_page", {"page": 1}, "read")), list)
