@@ -281,9 +281,14 @@ class Sequencer:
 
     def pause(self) -> float | Report:
         """After every call of the model call is reported (or the first stop): how long
-        to wait before the next model call (milliseconds, 0: none), or the stop report."""
+        to wait before the next model call (milliseconds, 0: none), or the stop report.
+        Asked once per model call's calls; a host that asks before every model call (a
+        framework hook) gets 0, or the report, when no wait is due."""
         if self._entered:
             raise self._out_of_order("report the outcome of every executing call first")
+        if self._waited:  # no calls since the last wait: nothing asked for one
+            report = self._guard.report
+            return 0 if report is None else report
         self._waited = True
         return self._guard.before_wait()
 

@@ -164,7 +164,7 @@ from langgraph.types import Command
 from . import Call, Finish, Kind, Nudge, Report, Result
 from ._protocol import require_reservation
 from .adapters import ToolSpec, calls_from_openai
-from .steps import Action, Decision, Next, Sequencer, StepGuard, Ticket
+from .steps import Action, Decision, Sequencer, StepGuard, Ticket
 
 __all__ = [
     "ERROR_WAIT_MS",
@@ -265,7 +265,7 @@ class LoopGuardMiddleware(AgentMiddleware[GuardState, Any, Any]):
         seq = self._seq
         with self._lock:
             stop = self._settle_left_over()
-            if stop is None and seq.next().next in _AFTER_CALLS:
+            if stop is None:
                 pause = seq.pause()
                 if isinstance(pause, Report):
                     stop = pause
@@ -485,7 +485,6 @@ class LoopGuardMiddleware(AgentMiddleware[GuardState, Any, Any]):
 # -- messages -----------------------------------------------------------------------------
 
 _NOTHING = ToolMessage("", tool_call_id="")  # placeholder: the call runs, no answer yet
-_AFTER_CALLS = (Next.WAIT, Next.ENTER)  # a model call's calls ran (or some never were entered)
 
 
 def stop_message(report: Report) -> AIMessage:

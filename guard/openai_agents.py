@@ -116,14 +116,13 @@ from . import Call, Evidence, Finish, Kind, Nudge, Price, Report, Result
 from ._protocol import require_reservation
 from .adapters import OperationKey, Outcome, ToolSpec, Turn, calls_from_openai
 from .adapters import openai_tool_messages as _tool_messages
-from .steps import Action, Effect, Next, Sequencer, StepGuard, Ticket
+from .steps import Action, Effect, Sequencer, StepGuard, Ticket
 
 __all__ = ["GuardStopped", "GuardedOutcome", "GuardedRun", "StepGuard"]
 
 Inspect = Callable[[Result | None, Call | Finish], Evidence]
 """A trusted inspector, as ``Guard.after_tool`` and ``Guard.finish`` take it."""
 
-_AFTER_CALLS = (Next.WAIT, Next.ENTER)  # a turn's calls ran (or some never were entered)
 
 
 class GuardStopped(AgentsException):
@@ -277,12 +276,11 @@ class GuardedRun:
 
     async def _before_model(self) -> None:
         seq = self._seq
-        if seq.next().next in _AFTER_CALLS:
-            pause = seq.pause()
-            if isinstance(pause, Report):
-                raise GuardStopped(pause)
-            if pause > 0:
-                await asyncio.sleep(pause / 1000.0)
+        pause = seq.pause()  # what the last turn's results asked for, if anything
+        if isinstance(pause, Report):
+            raise GuardStopped(pause)
+        if pause > 0:
+            await asyncio.sleep(pause / 1000.0)
         if (stop := seq.model(reserve=self._reserve)) is not None:
             raise GuardStopped(stop)
         self._tickets, self._nudge, self._finishing = {}, None, False
