@@ -1,13 +1,15 @@
 """The guard: decides before each model call and each tool execution whether it may happen.
 
-:class:`Guard` composes its parts and says in which order they are asked: the budget
-(``_budget``), the loop detector (``_detector``), the settlement of writes against the
-ledger (``_settlement``), the plain input checks (``_checks``) and the record of what was
-done (``_report``). Two steps ask several of them for one host step: the admission of a
-model call's calls (``_admission``) and the outcome of each call (``_outcome``). Each part
-decides its own rules and records what happened to them; the guard turns their refusals
-into the one stop report. ``_checkpoint`` lays out the parts' checkpoints, ``_ticket`` holds
-what the steps hand the host, and ``_driver`` is ``run``.
+:class:`Guard` is what a host holds: it composes the parts and hands each public step to
+the one that does it. The parts that decide rules are the budget (``_budget``), the loop
+detector (``_detector``), the settlement of writes against the ledger (``_settlement``),
+the approval gate (``_approval``), the evidence read from results (``_observed``) and the
+plain input checks (``_checks``); what was done is recorded in ``_report``. The steps ask
+them in order: a model call and the admission of its batch of calls (``_model_call``, over
+``_admission``), each call's entry and its outcome (``_execution``, over ``_outcome``), and
+the end (``_ending``: every refusal becomes the one stop report, and the summary turn).
+``_checkpoint`` takes and gives back the parts' checkpoints, ``_ticket`` holds what the
+steps hand the host, and ``_driver`` is ``run``.
 """
 
 from __future__ import annotations
@@ -16,41 +18,21 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ._admission import AdmissionStep, Refused
-from ._approval import ApprovalGate, NeedsApproval, pending_of
-from ._budget import Budget, usage_from
-from ._checkpoint import compose, history_of, load, parts_of
-from ._checks import (
-    Cancel,
-    Cancellation,
-    Refusal,
-    count,
-    describe,
-    present,
-    result_problem,
-    safe_repr,
-    text,
-    transient_error,
-)
-from ._detector import Detector
+from ._approval import NeedsApproval
+from ._checkpoint import Checkpoints, history_of, opened
+from ._checks import Cancel, describe, transient_error
 from ._driver import Execute, Inspect, Plan, Reserve, Summarise, drive
+from ._ending import Ending
+from ._execution import ExecutionStep
 from ._ledger import InMemoryLedger, Ledger
-from ._observed import Observer
-from ._outcome import OutcomeStep
-from ._report import RESUME_CONDITIONS, SUMMARY_REASONS, Record, Report
-from ._settlement import Lookup, SettlementStep
-from ._ticket import Action, Decision, Status, Ticket, execute, reuse, stopped
-from ._values import Approval, Call, Effect, Finish, Limits, Nudge, Reason, Result, State, Usage
+from ._model_call import ModelCallStep
+from ._parts import Parts
+from ._report import Report
+from ._settlement import Lookup
+from ._ticket import Decision, Ticket
+from ._values import Approval, Effect, Finish, Limits, Nudge, Reason, State, Usage
 
 __all__ = ["Guard"]
-
-_NO_HISTORY: Mapping[str, Any] = {"touched": [], "completed": []}
-
-
-_UNPLANNED = "each proposal needs its own before_model() first"
-_CANCELLED = Refusal(State.CANCELLED, Reason.OPERATOR_STOP)
-_PAST_DEADLINE = Refusal(State.PARTIAL, Reason.DEADLINE)
-_NO_ROOM = Refusal(State.PARTIAL, Reason.EXECUTION_BUDGET)
 
 
 def _monotonic_ms() -> float:
@@ -107,22 +89,23 @@ class Guard:
         self.limits = limits if limits is not None else Limits()
         self.ledger: Ledger = ledger if ledger is not None else InMemoryLedger()
         self._wait = wait
-        self._transient = transient
-        self._cancel = Cancellation(cancel)
-        self._budget = Budget(self.limits, now, used if used is not None else Usage())
-        self._detector = Detector(self.limits, revision, nudge=nudge)
-        self._settlement = SettlementStep(self.ledger, self._cancel)
-        self._record = Record()
-        self._admission = AdmissionStep(self._budget, self._detector, self._settlement, tools)
-        self._observer = Observer(self._budget, self._detector)
-        self._outcome = OutcomeStep(self._detector, self._settlement, self._record, self._observer)
-        self._approvals = ApprovalGate(needs_approval, approvals)
-        self._summarised = False  # the stop's one summary turn was handed out
-        # Where the history left out of a restored checkpoint is, asked for only when a
-        # report or a whole checkpoint needs it (restore(history=callable)).
-        self._earlier: Callable[[], Mapping[str, Any]] | None = None
-        self._batch: list[Ticket] = []  # the calls of the current model call
-        self._planning = False  # a model call was admitted and its proposal is awaited
+        used = used if used is not None else Usage()
+        self._parts = parts = Parts(
+            self.limits,
+            self.ledger,
+            now,
+            used,
+            revision,
+            nudge=nudge,
+            cancel=cancel,
+            needs_approval=needs_approval,
+            approvals=approvals,
+        )
+        self._cancel, self._record, self._budget = parts.cancel, parts.record, parts.budget
+        self._ending = ending = Ending(parts)
+        self._model_calls = calls = ModelCallStep(parts, ending, tools)
+        self._execution = ExecutionStep(parts, ending, transient)
+        self._checkpoints = Checkpoints(parts, calls, ending)
 
     # -- state ---------------------------------------------------------------------------
 
@@ -140,13 +123,13 @@ class Guard:
     def revision(self) -> int:
         """The verified revision: the business progress ``inspect`` reported so far (with
         no inspector, the count of new results and committed writes)."""
-        return self._detector.revision
+        return self._parts.detector.revision
 
     @property
     def tickets(self) -> tuple[Ticket, ...]:
         """The admitted calls of the current model call, in order (a host that keeps the
         guard between requests finds a ticket here again after :meth:`restore`)."""
-        return tuple(self._batch)
+        return tuple(self._parts.batch.tickets)
 
     def remaining(self) -> dict[str, int | None]:
         """Budget left per dimension (``None``: that dimension has no limit)."""
@@ -170,25 +153,7 @@ class Guard:
         what grows with the phase (see :meth:`history`): a host that keeps it elsewhere
         (a trace) hands it back to :meth:`restore`.
         """
-        if history:
-            self._recall(strict=True)
-        saved = compose(
-            self._budget,
-            self._detector,
-            self._settlement,
-            self._record,
-            self._approvals,
-            self._observer,
-            history=history,
-        )
-        if steps and (self._planning or self._batch):
-            saved["steps"] = {
-                "planning": self._planning,
-                "batch": [ticket.to_dict() for ticket in self._batch],
-                "wait_ms": self._outcome.wait_ms,
-                "spend_held": self._budget.held(),
-            }
-        return saved
+        return self._checkpoints.take(history=history, steps=steps)
 
     def history(self) -> dict[str, Any]:
         """What grows with the phase: the operation keys it touched (``touched``, in
@@ -221,29 +186,12 @@ class Guard:
         ``revision``, which come from the checkpoint. Raises ``ValueError`` if the
         checkpoint is malformed or of an unknown version.
         """
-        later: Callable[[], Mapping[str, Any]] | None = None
-        given: Mapping[str, Any] | None
-        if callable(history):
-            later, given = history, _NO_HISTORY
-        else:
-            given = history
         try:
-            parts = parts_of(checkpoint, given)
-            used, revision = usage_from(parts["usage"]), count(parts["detector"]["revision"])
+            parts, used, revision = opened(checkpoint, history)
             guard = cls(limits, used=used, revision=revision, **options)
-            load(
-                parts,
-                guard._detector,
-                guard._settlement,
-                guard._record,
-                guard._approvals,
-                guard._observer,
-            )
-            if "steps" in checkpoint:
-                guard._resume_steps(checkpoint["steps"])
+            guard._checkpoints.give_back(parts, checkpoint, history)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed checkpoint: {exc!r}") from exc
-        guard._earlier = later
         return guard
 
     # -- driver --------------------------------------------------------------------------
@@ -283,17 +231,7 @@ class Guard:
         :class:`~guard.Price`): it must fit in what is left, and it counts as spent until
         :meth:`settle_spend` gives the real cost.
         """
-        if (stop := self._between_calls()) is not None:
-            return stop
-        refused = self._budget.start_model_call(reserve)
-        if refused is not None:
-            detail = ""
-            if refused is Reason.SPEND_BUDGET:
-                left = self._budget.remaining().get("spend")
-                detail = f"the call may cost {reserve}; {left} left"
-            return self._stop(Refusal(State.PARTIAL, refused, detail))
-        self._planning = True
-        return None
+        return self._model_calls.start(reserve)
 
     def settle_spend(self, cost: int) -> None:
         """The last model call's real cost replaces what :meth:`before_model` reserved."""
@@ -303,22 +241,12 @@ class Guard:
         """In a phase opened by an approval that carries its call: admit that call, once,
         without a model call (it is not asked for again). ``None`` when there is none; else
         what :meth:`before_tools` answers for it."""
-        if self._record.report is not None:
-            return self._record.report
-        call = self._approvals.runnable()
-        if call is None:
-            return None
-        if (stop := self._between_calls()) is not None:
-            return stop
-        if self._budget.start_unplanned() is not None:
-            return self._stop(_PAST_DEADLINE)
-        self._planning = True
-        return self.before_tools(call)
+        return self._model_calls.approved()
 
     def rejection(self) -> Nudge | None:
         """In a phase opened after a person rejected a call: what to tell the model, once
         (its first observation), else ``None``."""
-        return self._approvals.rejection()
+        return self._parts.approvals.rejection()
 
     def before_tools(self, proposal: Any, *, enter: bool = False) -> list[Ticket] | Nudge | Report:
         """Admit the calls of one model call, each checked before any of them runs.
@@ -331,16 +259,7 @@ class Guard:
         decides the entry with the admission, in one request. Here, where asking costs
         nothing, :meth:`before_tool` decides it as always, at the same moment.
         """
-        if self._record.report is not None:
-            return self._record.report
-        if not self._planning:
-            raise ValueError(_UNPLANNED)
-        self._planning = False  # and the batch is still empty: before_model() emptied it
-        admitted = self._admission.admit(proposal)
-        if isinstance(admitted, list):
-            self._batch = admitted
-            return admitted
-        return admitted if isinstance(admitted, Nudge) else self._stop(admitted.refusal, admitted)
+        return self._model_calls.admit(proposal)
 
     def before_tool(self, ticket: Ticket, *, lookup: Lookup | None = None) -> Decision:
         """Decide, at the executor's entry, whether this admitted call may run now.
@@ -351,33 +270,7 @@ class Guard:
         ``NOT_COMMITTED`` runs only if ``lookup`` (the tool's trusted lookup, when it has
         one) does not find the action already done.
         """
-        if self._record.report is not None:
-            return Decision(Action.STOP, ticket, report=self._record.report)
-        if ticket not in self._batch or ticket.status is not Status.ADMITTED:
-            raise ValueError("before_tool() needs a fresh ticket from the current before_tools()")
-        if self._cancel.requested():
-            return self._refuse(ticket, _CANCELLED)
-        refused = self._budget.entry()  # the deadline first, then room for one more execution
-        if refused is Reason.DEADLINE:
-            return self._refuse(ticket, _PAST_DEADLINE)
-        call = ticket.call
-        if self._approvals.active and (held := self._held(ticket, room=refused is None)):
-            return self._refuse(ticket, held)
-        if call.effect == "write":
-            key = present(call.operation_key)
-            claimed = self._settlement.claim(
-                key, ticket.fingerprint, room=refused is None, lookup=lookup
-            )
-            if claimed is not None:
-                if isinstance(claimed, Refusal):
-                    return self._refuse(ticket, claimed)
-                if isinstance(claimed, Result):  # PENDING: another execution holds it
-                    return reuse(ticket, claimed)
-                return reuse(ticket, claimed.result)
-        elif refused is not None:
-            return self._refuse(ticket, _NO_ROOM)
-        self._budget.enter()
-        return execute(ticket)
+        return self._execution.enter(ticket, lookup)
 
     def after_tool(
         self,
@@ -408,36 +301,7 @@ class Guard:
         A call that was executing when another call of its batch stopped the task (a host
         that runs a batch at once) is still settled: its write must not stay ``IN_FLIGHT``.
         """
-        if self._record.report is not None and ticket.status is not Status.EXECUTING:
-            return self._record.report
-        if inspect is None:
-            # The lookup is asked about a write's own SUCCESS; an outcome that was lost
-            # meets the lookup in the settlement instead, once.
-            returned = error is None and result_problem(result) is None
-            inspect = self._observer.about(ticket, lookup if returned else None)
-        if ticket.status is Status.REUSING:
-            ticket.status = Status.REUSED
-            refused = self._outcome.verify(ticket, present(ticket.result), inspect)
-        elif ticket.status is not Status.EXECUTING:
-            raise ValueError("after_tool() needs a ticket that before_tool() let execute")
-        elif error is not None:
-            ticket.status = Status.RAN
-            if ticket.call.effect != "write" and self._cancel.requested():
-                return self._stop(_CANCELLED, ticket)
-            transient = self._transient(error)
-            refused = self._outcome.lose(
-                ticket, describe(error), lookup, inspect, transient=transient
-            )
-        elif (problem := result_problem(result)) is not None:  # else it is a Result
-            refused = self._outcome.lose(ticket, problem, lookup, inspect, Reason.BAD_RESULT)
-        else:
-            ticket.status = Status.RAN
-            ticket.result = result
-            if result.attempts != 1:
-                self._budget.charge_retries(result.attempts)  # the adapter's own retries count too
-            refused = self._outcome.verify(ticket, result, inspect, lookup=lookup)
-        # Settled after the task stopped (a batch run at once): the first stop stands.
-        return self._record.report if refused is None else self._stop(refused, ticket)
+        return self._execution.record(ticket, result, error, inspect, lookup)
 
     def planner_failed(self, error: BaseException) -> Report:
         """The model call raised instead of proposing: stop ``FAILED/planner_error``."""
@@ -450,171 +314,26 @@ class Guard:
         taken, or its maximum cost ``reserve`` does not fit in the spend budget). The call
         may go beyond the budget that ran out, never beyond the spend budget; ``reserve``
         counts as spent until :meth:`record_summary` charges the real cost."""
-        report = self._record.report
-        if report is None or self._summarised or report.reason not in SUMMARY_REASONS:
-            return None
-        if not self._budget.reserve_past_stop(reserve):
-            return None
-        self._summarised = True
-        return (
-            f"The task was stopped ({report.reason}): {RESUME_CONDITIONS[report.reason]} "
-            "No tool may be called any more. Tell the user, in a few sentences, what was "
-            "done, what was not, and why."
-        )
+        return self._ending.summary_turn(reserve)
 
     def record_summary(self, reply: Any, *, tokens: int = 0, cost: int | None = None) -> Report:
         """Keep the summary turn's ``reply`` (text, or a :class:`~guard.Finish` with its
         answer) in the stop report and charge its ``tokens`` and ``cost``, beyond the budget
         that ran out (``cost`` replaces the turn's reservation; without it the reservation
         stays spent). A tool call in the reply is not run: the report says so instead."""
-        report = self._record.report
-        if report is None or not self._summarised or report.summary is not None:
-            raise ValueError("record_summary() needs the summary_turn() of this stop")
-        self._budget.spend_tokens(tokens)
-        if cost is not None:
-            self._budget.settle_spend(cost)
-        if isinstance(reply, Finish):
-            reply = reply.answer
-        if isinstance(reply, str):
-            summary = reply.strip()
-        elif isinstance(reply, Call) or (
-            isinstance(reply, list | tuple) and all(isinstance(c, Call) for c in reply)
-        ):
-            calls = [reply] if isinstance(reply, Call) else list(reply)
-            names = ", ".join(str(c.tool) for c in calls)
-            summary = f"(the summary turn asked for {names}; no tool may run after a stop)"
-        else:
-            summary = "" if reply is None else safe_repr(reply)
-        return self._record.summarise(summary, self._budget)
+        return self._ending.record_summary(reply, tokens, cost)
 
     def halt(self, state: State, reason: Reason, detail: str = "") -> Report:
         """Stop now for a reason found outside the guard: the host's word, for instance
         a ledger that records lazily finding that it could not. Sticky like every stop."""
-        state, reason = State(state), Reason(reason)  # refused before anything changes
-        if self._record.report is not None:
-            return self._record.report
-        self._planning = False
-        return self._stop(Refusal(state, reason, detail))
+        return self._model_calls.halt(state, reason, detail)
 
     def before_wait(self) -> float | Report:
         """Milliseconds to wait before the next model call (0: none), or the stop report."""
-        if self._record.report is not None:
-            return self._record.report
-        pause = self._outcome.wait_ms
-        if pause <= 0:
-            return 0
-        if self._cancel.requested():
-            return self._stop(_CANCELLED)
-        if self._budget.wait_crosses_deadline(pause):
-            detail = f"waiting {pause} ms would cross it"
-            return self._stop(Refusal(State.PARTIAL, Reason.DEADLINE, detail))
-        return pause
+        return self._model_calls.pause()
 
     def finish(self, finish: Finish, inspect: Inspect | None) -> Report:
         """The model says it is done: ``COMPLETED`` only if ``inspect`` verifies the goal.
         With no inspector (``inspect=None``) nothing can verify it: the model's word ends
         the task ``PARTIAL``/``goal_unverified``, the work done kept in the report."""
-        if self._record.report is not None:
-            return self._record.report
-        if not self._planning:
-            raise ValueError(_UNPLANNED)
-        self._planning = False
-        if inspect is None:
-            inspect = self._observer.about(None)
-        return self._stop(self._outcome.finish(finish, inspect))
-
-    # -- internals -----------------------------------------------------------------------
-
-    def _resume_steps(self, raw: Mapping[str, Any]) -> None:
-        """Take back a step in progress from ``checkpoint(steps=True)``."""
-        self._planning = bool(raw["planning"])
-        self._batch = [Ticket.from_dict(item) for item in raw["batch"]]
-        self._outcome.wait_ms = float(raw["wait_ms"])
-        self._budget.hold(raw.get("spend_held"))
-
-    def _recall(self, *, strict: bool = False) -> None:
-        """Put back the history a restore left with the host (``restore(history=callable)``),
-        once, before what was done since. A source that fails is asked again next time; a
-        stop report is made without it (``strict=False``: the ledger keeps the truth), a
-        whole checkpoint is not (the error goes on)."""
-        source = self._earlier
-        if source is None:
-            return
-        try:
-            earlier = source()
-            touched = [text(key) for key in earlier["touched"]]
-            self._record.recall(earlier["completed"])  # checked whole, or nothing moves
-        except Exception:
-            if strict:
-                raise
-            return
-        self._settlement.recall(touched)
-        self._earlier = None
-
-    def _between_calls(self) -> Report | None:
-        """Before new calls (planned or approved): an execution never reported is lost,
-        the last batch is done, a stop asked for is honoured."""
-        if self._record.report is not None:
-            return self._record.report
-        for ticket in self._batch:
-            if ticket.status is Status.EXECUTING:
-                # The caller never reported this execution's outcome: treat it as lost.
-                return self._lost(ticket, "no result was reported")
-        self._batch = []
-        self._outcome.wait_ms = 0
-        if self._cancel.requested():
-            return self._stop(_CANCELLED)
-        return None
-
-    def _held(self, ticket: Ticket, *, room: bool) -> Refusal | None:
-        """Why an admitted call must wait for (or was refused by) a person, if it must: the
-        approval gate, after every other check and before the claim. A write whose key the
-        ledger holds committed for this very call only reuses its result: nothing runs, so
-        nothing needs approving."""
-        if not room:
-            return None  # only a reuse could follow, or the stop for the execution budget
-        call = ticket.call
-        held = self._approvals.check(call, ticket.fingerprint)
-        if not isinstance(held, Refusal):
-            return None
-        if held.reason is Reason.APPROVAL_REQUIRED and call.effect == "write":
-            # A write that would only reuse its result, or that the ledger refuses anyway
-            # (another input under its key, an uncertain entry), is not a person's to
-            # approve: its claim says what becomes of it.
-            looked = self._settlement.look(present(call.operation_key), ticket.fingerprint)
-            # Only a reuse, or another input under the key (which no answer changes), may
-            # skip the gate: a ledger that cannot be read, or an uncertain entry that a
-            # reconciler may yet settle "not committed", still waits for a person.
-            if looked is True or (
-                isinstance(looked, Refusal) and looked.reason is Reason.OPERATION_CONFLICT
-            ):
-                return None
-        return held
-
-    def _lost(self, ticket: Ticket, detail: str) -> Report:
-        """A call's outcome is lost and nobody can look it up: the task stops (a write is
-        left ``UNKNOWN``)."""
-        return self._stop(present(self._outcome.lose(ticket, detail)), ticket)
-
-    def _refuse(self, ticket: Ticket, refusal: Refusal) -> Decision:
-        return Decision(Action.STOP, ticket, report=self._stop(refusal, ticket))
-
-    def _stop(self, refusal: Refusal, subject: Ticket | Refused | None = None) -> Report:
-        """Record the terminal state once, about ``subject`` (a ticket, or a call refused
-        while it was admitted); later stops return the first report."""
-        if self._record.report is not None:
-            return self._record.report
-        self._recall()
-        batch = stopped(self._batch)  # first: the report's call then shows it was not run
-        pending = None
-        if refusal.reason is Reason.APPROVAL_REQUIRED and isinstance(subject, Ticket):
-            pending = pending_of(subject.call, subject.fingerprint)
-        return self._record.close(
-            refusal,
-            call=None if subject is None else subject.describe(),
-            batch=batch,
-            budget=self._budget,
-            revision=self._detector.revision,
-            settlement=self._settlement,
-            pending=pending,
-        )
+        return self._model_calls.finish(finish, inspect)

@@ -10,7 +10,7 @@ from ._checks import count, plain, text
 from ._report import Report
 from ._values import Call, Kind, Result
 
-__all__ = ["Action", "Decision", "Status", "Ticket", "execute", "reuse", "stopped"]
+__all__ = ["Action", "Batch", "Decision", "Status", "Ticket", "execute", "reuse"]
 
 
 class Action(StrEnum):
@@ -114,10 +114,25 @@ def reuse(ticket: Ticket, result: Result | None) -> Decision:
     return Decision(Action.REUSE, ticket, result=ticket.result)
 
 
-def stopped(batch: list[Ticket]) -> tuple[dict[str, Any], ...]:
-    """The lines of a stopped model call for its report: the calls admitted but not entered
-    are marked ``NOT_RUN`` first, since they never will be."""
-    for ticket in batch:
-        if ticket.status is Status.ADMITTED:
-            ticket.status = Status.NOT_RUN
-    return tuple(ticket.describe() for ticket in batch)
+class Batch:
+    """The admitted calls of the current model call, in order: what a step-wise guard, the
+    local one or the remote one, keeps between the steps of one model call."""
+
+    __slots__ = ("tickets",)
+
+    def __init__(self, tickets: list[Ticket] | None = None) -> None:
+        self.tickets: list[Ticket] = [] if tickets is None else tickets
+
+    def entering(self, ticket: Ticket) -> None:
+        """Refuse (``ValueError``) an entry for a ticket that is not a fresh one of this
+        batch: nothing may run twice, nor run for another model call."""
+        if ticket not in self.tickets or ticket.status is not Status.ADMITTED:
+            raise ValueError("before_tool() needs a fresh ticket from the current before_tools()")
+
+    def stopped(self) -> tuple[dict[str, Any], ...]:
+        """The lines of a stopped model call for its report: the calls admitted but not
+        entered are marked ``NOT_RUN`` first, since they never will be."""
+        for ticket in self.tickets:
+            if ticket.status is Status.ADMITTED:
+                ticket.status = Status.NOT_RUN
+        return tuple(ticket.describe() for ticket in self.tickets)
