@@ -6,10 +6,9 @@ the tool's trusted lookup finds."""
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, Self
+from typing import Any, Self, TypedDict, Unpack
 
 from .._settlement import Lookup
 from .._values import Limits, Settlement, _json_ready
@@ -37,6 +36,22 @@ _STARTED_KEPT = 1024
 log = logging.getLogger(__package__)  # "guard.remote": the client's one logger, as ever
 
 
+class _Connection(TypedDict, total=False):
+    """How a client reaches the console (the defaults are ``_Session``'s)."""
+
+    timeout: float
+    retries: int
+    sleep: Callable[[float], None]
+    heartbeat: bool
+
+
+class _Reaching(_Connection, total=False):
+    """The options :meth:`RemoteGuard.start` and :meth:`RemoteGuard.attach` share."""
+
+    lookups: Mapping[str, Lookup] | None
+    wait: float
+
+
 class _Making(_Session):
     """The two ways to get a :class:`RemoteGuard`: :meth:`start` and :meth:`attach`."""
 
@@ -53,12 +68,7 @@ class _Making(_Session):
         limits: Limits | Mapping[str, Any] | None = None,
         reason: str = "",
         start_id: str | None = None,
-        lookups: Mapping[str, Lookup] | None = None,
-        wait: float = _WAIT_SECONDS,
-        timeout: float = 10.0,
-        retries: int = 3,
-        sleep: Callable[[float], None] = time.sleep,
-        heartbeat: bool = True,
+        **options: Unpack[_Reaching],
     ) -> Self:
         """Start a new attached task on the console at ``url`` (``POST /api/attached``).
 
@@ -67,17 +77,18 @@ class _Making(_Session):
         (or a :class:`guard.adapters.ToolSpec`); ``client`` what drives it; ``input`` the
         goal; ``limits`` the guard's limits (a mapping names only the limits it sets, the
         console's defaults fill the rest; a :class:`~guard.Limits` sends every field);
-        ``reason`` goes to the audit log. ``timeout`` (seconds) bounds each attempt,
-        ``retries`` how many more attempts a request without an answer gets; ``sleep``
-        waits between them. ``heartbeat=False`` sends no heartbeats.
+        ``reason`` goes to the audit log. The other ``options``, all keywords: ``timeout``
+        (seconds, default 10) bounds each attempt, ``retries`` (default 3) how many more
+        attempts a request without an answer gets; ``sleep`` (default ``time.sleep``) waits
+        between them. ``heartbeat=False`` sends no heartbeats. ``lookups`` and ``wait``
+        (default 90 seconds) are :meth:`attach`'s.
 
         ``start_id`` names this start (1-100 printable ASCII characters; a job's id, say):
         the console makes at most one task per start id and person, so a start asked again
         with it — after :exc:`ConsoleUnreachable`, or by a new process that never saw the
         answer — finds the task instead of making a second one, and takes it over as
-        :meth:`attach` does (``lookups`` and ``wait`` are :meth:`attach`'s). Without it a
-        new id is made; :exc:`ConsoleUnreachable` then carries it as ``start_id``, to ask
-        again with.
+        :meth:`attach` does. Without it a new id is made; :exc:`ConsoleUnreachable` then
+        carries it as ``start_id``, to ask again with.
 
         A goal started too often is held before it runs: the guard is then stopped at once
         (:attr:`report`, ``NEEDS_HUMAN``/``restart_loop``).
@@ -85,15 +96,12 @@ class _Making(_Session):
         if start_id is not None and not _printable_id(start_id):
             raise ValueError(f"start_id must be 1-100 printable ASCII characters, got {start_id!r}")
         request_id = start_id or uuid.uuid4().hex
-        guard = cls(
-            url, token=token, timeout=timeout, retries=retries, sleep=sleep, heartbeat=heartbeat
-        )
+        guard, wait = cls._reaching(url, token, **options)
         # The same process asking again sends the very same start (its lease included): the
         # console answers it as the first; a new process has a lease of its own (below).
         guard.lease = _STARTED.setdefault(request_id, guard.lease)
         while len(_STARTED) > _STARTED_KEPT:  # the oldest first: dicts keep their order
             del _STARTED[next(iter(_STARTED))]
-        guard._lookups = dict(lookups or {})
         body: dict[str, Any] = {
             "protocol": PROTOCOL,
             "request_id": request_id,
@@ -128,12 +136,7 @@ class _Making(_Session):
         *,
         token: str,
         task: int,
-        lookups: Mapping[str, Lookup] | None = None,
-        wait: float = _WAIT_SECONDS,
-        timeout: float = 10.0,
-        retries: int = 3,
-        sleep: Callable[[float], None] = time.sleep,
-        heartbeat: bool = True,
+        **options: Unpack[_Reaching],
     ) -> Self:
         """Drive an existing attached task ``task`` from here, with a new lease: after an
         approved resumption, or from a new process after its predecessor died (at any step).
@@ -149,13 +152,28 @@ class _Making(_Session):
         the task goes on; not committed, it may be claimed again — and without a lookup,
         or when it cannot tell, the write is ``UNKNOWN`` and the task stops for a person.
         The other options are :meth:`start`'s."""
-        guard = cls(
-            url, token=token, timeout=timeout, retries=retries, sleep=sleep, heartbeat=heartbeat
-        )
+        guard, wait = cls._reaching(url, token, **options)
         guard.task = _task_id(task, given=True)
-        guard._lookups = dict(lookups or {})
         _take_over(guard, wait)
         return guard
+
+    @classmethod
+    def _reaching(
+        cls,
+        url: str,
+        token: str,
+        *,
+        lookups: Mapping[str, Lookup] | None = None,
+        wait: float = _WAIT_SECONDS,
+        **connection: Unpack[_Connection],
+    ) -> tuple[Self, float]:
+        """A client of the console with the options :meth:`start` and :meth:`attach` share
+        (each default written once: here, and the connection's in ``_Session``), and how
+        long it may wait out a predecessor's lease. An option that is not one of them
+        raises ``TypeError``."""
+        guard = cls(url, token=token, **connection)
+        guard._lookups = dict(lookups or {})
+        return guard, wait
 
 
 def _take_over(guard: _Session, wait: float) -> None:
