@@ -41,14 +41,14 @@ class StepGuard(Protocol):
 
     def after_tool(
         self,
-        ticket: Ticket,
-        result: Any = None,
+        ticket: Ticket,  # that before_tool() let execute, or reuse
+        result: Any = None,  # what the tool returned (a Result; anything else is bad_result)
         *,
-        error: BaseException | None = None,
-        inspect: Inspect | None,
-        lookup: Lookup | None = None,
+        error: BaseException | None = None,  # or what it raised instead
+        inspect: Inspect | None,  # always given: None is the observed-evidence policy
+        lookup: Lookup | None = None,  # the tool's trusted lookup by operation key
     ) -> Report | None:
-        """Record what one executed (or reused) call returned."""
+        """Record what one executed (or reused) call returned; the report if it stops here."""
 
     def before_wait(self) -> float | Report:
         """Milliseconds to wait before the next model call, or the stop report."""
