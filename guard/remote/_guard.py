@@ -52,7 +52,7 @@ class RemoteGuard(_Making):
                 # Allowed (and counted) with the last result, without a spend budget to
                 # reserve in: nothing to ask again.
                 self._model_ahead = False
-                self._tickets = []
+                self._batch.tickets = []
                 self._settleable = True
                 return None
             answer = self._step("model", {"reserve": reserve})
@@ -60,7 +60,7 @@ class RemoteGuard(_Making):
                 return stop
             if answer.get("allowed") is not True:
                 raise _invalid("a model step answered neither allowed nor a stop")
-            self._tickets = []
+            self._batch.tickets = []
             self._settleable = True
             return None
 
@@ -106,7 +106,7 @@ class RemoteGuard(_Making):
             if entering:
                 fields["enter"] = True
             answer = self._step("tools", fields)
-            self._tickets = []
+            self._batch.tickets = []
             self._entered = None
             if (stop := self._stopped()) is not None:
                 return stop
@@ -115,10 +115,10 @@ class RemoteGuard(_Making):
             admitted = answer.get("admitted")
             if not isinstance(admitted, list) or not admitted:
                 raise _invalid("a tools step answered neither tickets, a nudge nor a stop")
-            self._tickets = [_ticket(item, calls) for item in admitted]
+            self._batch.tickets = [_ticket(item, calls) for item in admitted]
             if entering:
                 self._entered = answer
-            return list(self._tickets)
+            return list(self._batch.tickets)
 
     def before_tool(self, ticket: Ticket, *, lookup: Any = None) -> Decision:
         """Ask, at the executor's entry, whether this admitted call may run now: ``EXECUTE``
@@ -130,15 +130,12 @@ class RemoteGuard(_Making):
         with self._lock:
             if self._report is not None:
                 return Decision(Action.STOP, ticket, report=self._report)
-            if ticket not in self._tickets or ticket.status is not Status.ADMITTED:
-                raise ValueError(
-                    "before_tool() needs a fresh ticket from the current before_tools()"
-                )
+            self._batch.entering(ticket)
             answer, self._entered = self._entered, None
             if answer is None or "action" not in answer:  # not decided with the admission
                 answer = self._step("call", {"ticket": ticket.index})
             if (stop := self._stopped()) is not None:
-                self._not_run()
+                self._batch.stopped()  # the calls never entered will not be
                 return Decision(Action.STOP, ticket, report=stop)
             action = answer.get("action")
             if action == Action.EXECUTE:
@@ -289,7 +286,7 @@ class RemoteGuard(_Making):
         request — the wait, and, without a spend budget (no reservation to make), the next
         model call too. That call is then counted even if none follows (as the hosted runner
         counts the next one ahead): a client that ends here has one model call too many."""
-        others = (t for t in self._tickets if t is not ticket)
+        others = (t for t in self._batch.tickets if t is not ticket)
         if any(t.status in (Status.ADMITTED, Status.EXECUTING, Status.REUSING) for t in others):
             return {}
         if self._remaining.get("spend") is None:

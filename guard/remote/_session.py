@@ -15,7 +15,7 @@ from typing import Any, Self
 from .._checks import amount
 from .._report import Report
 from .._settlement import Lookup
-from .._ticket import Status, Ticket
+from .._ticket import Batch, Ticket
 from .._values import Reason
 from ._heartbeat import _Heartbeat
 from ._transport import ConsoleUnreachable, ProtocolError, _invalid, _Transport
@@ -58,7 +58,7 @@ class _Session:
         self._remaining: dict[str, int | None] = {}
         self._remaining_at = time.monotonic()
         self._stop_requested = False
-        self._tickets: list[Ticket] = []
+        self._batch = Batch()  # the calls of the current model call
         self._tokens = 0
         self._cost: int | None = None
         self._settleable = False
@@ -89,7 +89,7 @@ class _Session:
     @property
     def tickets(self) -> tuple[Ticket, ...]:
         """The admitted calls of the current model call, in order."""
-        return tuple(self._tickets)
+        return tuple(self._batch.tickets)
 
     def remaining(self) -> dict[str, int | None]:
         """Budget left per dimension (``None``: no limit), as the latest answer gave it; the
@@ -199,7 +199,7 @@ class _Session:
         stop = self._stopped()
         if stop is None:
             raise _invalid(f"a {step} step answered no stop report")
-        self._not_run()
+        self._batch.stopped()  # the calls never entered will not be
         return stop
 
     def _stopped(self) -> Report | None:
@@ -228,9 +228,3 @@ class _Session:
             except ValueError as exc:
                 raise _invalid(str(exc)) from exc
             self._heartbeat.quiet()
-
-    def _not_run(self) -> None:
-        """The calls of a stopped model call that never entered will not: marked so."""
-        for ticket in self._tickets:
-            if ticket.status is Status.ADMITTED:
-                ticket.status = Status.NOT_RUN
