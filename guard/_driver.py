@@ -25,6 +25,9 @@ Summarise = Callable[[str], Any]
 """The summary turn: one model call with no tools, given why the task stopped."""
 Execute = Callable[[Call], Any]
 
+# Read on every step: bound once here, since looking a member up on its enum costs each time.
+_ENTER, _MODEL, _WAIT, _EXECUTE = Next.ENTER, Next.MODEL, Next.WAIT, Action.EXECUTE
+
 
 def drive(
     guard: Guard,
@@ -92,10 +95,10 @@ def loop(
     while True:
         step = seq.next()
         what = step.next
-        if what is Next.ENTER:
+        if what is _ENTER:
             ticket = present(step.ticket)
             decision = seq.enter(ticket)
-            if decision.action is Action.EXECUTE:
+            if decision.action is _EXECUTE:
                 try:
                     outcome = execute(ticket.call)
                 except Exception as exc:
@@ -106,7 +109,7 @@ def loop(
                 else:
                     seq.returned(ticket, outcome)
             results.append(ticket.result)
-        elif what is Next.MODEL:
+        elif what is _MODEL:
             try:
                 stop = seq.model(reserve=0 if reserve is None else reserve(observation))
             except Exception as exc:  # the estimate of its cost failed: not an amount
@@ -124,7 +127,7 @@ def loop(
                 observation = admitted
             several = isinstance(proposal, (list, tuple))  # a tuple: no union made per step
             results = []
-        elif what is Next.WAIT:
+        elif what is _WAIT:
             pause = seq.pause()
             if isinstance(pause, Report):
                 return pause, observation

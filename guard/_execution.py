@@ -15,7 +15,7 @@ from typing import Any
 
 from ._checks import Refusal, describe, present, result_problem
 from ._ending import Ending
-from ._parts import Parts
+from ._parts import Parts, PartsAtHand
 from ._report import Report
 from ._sequence import Inspect
 from ._settlement import Lookup
@@ -28,38 +28,40 @@ _CANCELLED = Refusal(State.CANCELLED, Reason.OPERATOR_STOP)
 _PAST_DEADLINE = Refusal(State.PARTIAL, Reason.DEADLINE)
 _NO_ROOM = Refusal(State.PARTIAL, Reason.EXECUTION_BUDGET)
 
+# Read on every step: bound once here, since looking a member up on its enum costs each time.
+_EXECUTING, _REUSING, _RAN = Status.EXECUTING, Status.REUSING, Status.RAN
+_DEADLINE = Reason.DEADLINE
 
-class ExecutionStep:
+
+class ExecutionStep(PartsAtHand):
     """The entries of one task's admitted calls and their outcomes; ``transient`` tells an
     error worth one more try."""
 
-    __slots__ = ("_ending", "_parts", "_transient")
+    __slots__ = ("_transient",)
 
     def __init__(
         self, parts: Parts, ending: Ending, transient: Callable[[BaseException], bool]
     ) -> None:
-        self._parts = parts
-        self._ending = ending
+        super().__init__(parts, ending)
         self._transient = transient
 
     def enter(self, ticket: Ticket, lookup: Lookup | None) -> Decision:
         """Whether this admitted call may run now: ``EXECUTE``, ``REUSE`` or ``STOP``."""
-        parts = self._parts
-        if (report := parts.record.report) is not None:
+        if (report := self._record.report) is not None:
             return Decision(Action.STOP, ticket, report=report)
-        parts.batch.entering(ticket)
-        if parts.cancel.requested():
+        self._batch.entering(ticket)
+        if self._cancel.requested():
             return self._ending.refuse(ticket, _CANCELLED)
-        budget = parts.budget
+        budget = self._budget
         refused = budget.entry()  # the deadline first, then room for one more execution
-        if refused is Reason.DEADLINE:
+        if refused is _DEADLINE:
             return self._ending.refuse(ticket, _PAST_DEADLINE)
         call = ticket.call
-        if parts.approvals.active and (held := self._held(ticket, room=refused is None)):
+        if self._approvals.active and (held := self._held(ticket, room=refused is None)):
             return self._ending.refuse(ticket, held)
         if call.effect == "write":
             key = present(call.operation_key)
-            claimed = parts.settlement.claim(
+            claimed = self._settlement.claim(
                 key, ticket.fingerprint, room=refused is None, lookup=lookup
             )
             if claimed is not None:
@@ -82,34 +84,33 @@ class ExecutionStep:
         lookup: Lookup | None,
     ) -> Report | None:
         """What one executed (or reused) call came to: the report if the task stops here."""
-        parts = self._parts
-        record = parts.record
-        if record.report is not None and ticket.status is not Status.EXECUTING:
+        record = self._record
+        if record.report is not None and ticket.status is not _EXECUTING:
             return record.report
         if inspect is None:
             # The lookup is asked about a write's own SUCCESS; an outcome that was lost
             # meets the lookup in the settlement instead, once.
             returned = error is None and result_problem(result) is None
-            inspect = parts.observer.about(ticket, lookup if returned else None)
-        outcome = parts.outcome
-        if ticket.status is Status.REUSING:
+            inspect = self._observer.about(ticket, lookup if returned else None)
+        outcome = self._outcome
+        if ticket.status is _REUSING:
             ticket.status = Status.REUSED
             refused = outcome.verify(ticket, present(ticket.result), inspect)
-        elif ticket.status is not Status.EXECUTING:
+        elif ticket.status is not _EXECUTING:
             raise ValueError("after_tool() needs a ticket that before_tool() let execute")
         elif error is not None:
-            ticket.status = Status.RAN
-            if ticket.call.effect != "write" and parts.cancel.requested():
+            ticket.status = _RAN
+            if ticket.call.effect != "write" and self._cancel.requested():
                 return self._ending.stop(_CANCELLED, ticket)
             transient = self._transient(error)
             refused = outcome.lose(ticket, describe(error), lookup, inspect, transient=transient)
         elif (problem := result_problem(result)) is not None:  # else it is a Result
             refused = outcome.lose(ticket, problem, lookup, inspect, Reason.BAD_RESULT)
         else:
-            ticket.status = Status.RAN
+            ticket.status = _RAN
             ticket.result = result
             if result.attempts != 1:
-                parts.budget.charge_retries(result.attempts)  # the adapter's own retries count too
+                self._budget.charge_retries(result.attempts)  # the adapter's own retries count too
             refused = outcome.verify(ticket, result, inspect, lookup=lookup)
         # Settled after the task stopped (a batch run at once): the first stop stands.
         return record.report if refused is None else self._ending.stop(refused, ticket)
@@ -122,14 +123,14 @@ class ExecutionStep:
         if not room:
             return None  # only a reuse could follow, or the stop for the execution budget
         call = ticket.call
-        held = self._parts.approvals.check(call, ticket.fingerprint)
+        held = self._approvals.check(call, ticket.fingerprint)
         if not isinstance(held, Refusal):
             return None
         if held.reason is Reason.APPROVAL_REQUIRED and call.effect == "write":
             # A write that would only reuse its result, or that the ledger refuses anyway
             # (another input under its key, an uncertain entry), is not a person's to
             # approve: its claim says what becomes of it.
-            looked = self._parts.settlement.look(present(call.operation_key), ticket.fingerprint)
+            looked = self._settlement.look(present(call.operation_key), ticket.fingerprint)
             # Only a reuse, or another input under the key (which no answer changes), may
             # skip the gate: a ledger that cannot be read, or an uncertain entry that a
             # reconciler may yet settle "not committed", still waits for a person.

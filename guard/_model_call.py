@@ -17,7 +17,7 @@ from typing import Any
 from ._admission import AdmissionStep
 from ._checks import Refusal, present
 from ._ending import Ending
-from ._parts import Parts
+from ._parts import Parts, PartsAtHand
 from ._report import Report
 from ._sequence import Inspect
 from ._ticket import Status, Ticket
@@ -30,18 +30,17 @@ _CANCELLED = Refusal(State.CANCELLED, Reason.OPERATOR_STOP)
 _PAST_DEADLINE = Refusal(State.PARTIAL, Reason.DEADLINE)
 
 
-class ModelCallStep:
+class ModelCallStep(PartsAtHand):
     """One task's model calls, one at a time; every answer is ``None`` (go on), what to go
     on with, or the stop report.
 
     ``planning`` says that a model call was admitted and its proposal is awaited.
     """
 
-    __slots__ = ("_admission", "_ending", "_parts", "planning")
+    __slots__ = ("_admission", "planning")
 
     def __init__(self, parts: Parts, ending: Ending, tools: Mapping[str, Effect] | None) -> None:
-        self._parts = parts
-        self._ending = ending
+        super().__init__(parts, ending)
         self._admission = AdmissionStep(parts.budget, parts.detector, parts.settlement, tools)
         self.planning = False
 
@@ -49,7 +48,7 @@ class ModelCallStep:
         """Check, then count, one model call of maximum cost ``reserve``."""
         if (stop := self._between_calls()) is not None:
             return stop
-        budget = self._parts.budget
+        budget = self._budget
         refused = budget.start_model_call(reserve)
         if refused is not None:
             detail = ""
@@ -62,29 +61,28 @@ class ModelCallStep:
 
     def approved(self) -> list[Ticket] | Nudge | Report | None:
         """Admit the call a person approved for this phase, once, without a model call."""
-        parts = self._parts
-        if parts.record.report is not None:
-            return parts.record.report
-        call = parts.approvals.runnable()
+        if self._record.report is not None:
+            return self._record.report
+        call = self._approvals.runnable()
         if call is None:
             return None
         if (stop := self._between_calls()) is not None:
             return stop
-        if parts.budget.start_unplanned() is not None:
+        if self._budget.start_unplanned() is not None:
             return self._ending.stop(_PAST_DEADLINE)
         self.planning = True
         return self.admit(call)
 
     def admit(self, proposal: Any) -> list[Ticket] | Nudge | Report:
         """Admit the calls of the model call's ``proposal``, as one batch."""
-        if (report := self._parts.record.report) is not None:
+        if (report := self._record.report) is not None:
             return report
         if not self.planning:
             raise ValueError(_UNPLANNED)
         self.planning = False  # and the batch is still empty: start() emptied it
         admitted = self._admission.admit(proposal)
         if isinstance(admitted, list):
-            self._parts.batch.tickets = admitted
+            self._batch.tickets = admitted
             return admitted
         if isinstance(admitted, Nudge):
             return admitted
@@ -92,27 +90,25 @@ class ModelCallStep:
 
     def finish(self, finish: Finish, inspect: Inspect | None) -> Report:
         """The model call's answer is a finish: ``COMPLETED`` only if verified."""
-        parts = self._parts
-        if parts.record.report is not None:
-            return parts.record.report
+        if self._record.report is not None:
+            return self._record.report
         if not self.planning:
             raise ValueError(_UNPLANNED)
         self.planning = False
         if inspect is None:
-            inspect = parts.observer.about(None)
-        return self._ending.stop(parts.outcome.finish(finish, inspect))
+            inspect = self._observer.about(None)
+        return self._ending.stop(self._outcome.finish(finish, inspect))
 
     def pause(self) -> float | Report:
         """Milliseconds to wait before the next model call (0: none), or the stop report."""
-        parts = self._parts
-        if parts.record.report is not None:
-            return parts.record.report
-        pause = parts.outcome.wait_ms
+        if self._record.report is not None:
+            return self._record.report
+        pause = self._outcome.wait_ms
         if pause <= 0:
             return 0
-        if parts.cancel.requested():
+        if self._cancel.requested():
             return self._ending.stop(_CANCELLED)
-        if parts.budget.wait_crosses_deadline(pause):
+        if self._budget.wait_crosses_deadline(pause):
             detail = f"waiting {pause} ms would cross it"
             return self._ending.stop(Refusal(State.PARTIAL, Reason.DEADLINE, detail))
         return pause
@@ -120,7 +116,7 @@ class ModelCallStep:
     def halt(self, state: State, reason: Reason, detail: str) -> Report:
         """Stop now for the host's reason: no proposal is awaited any more."""
         state, reason = State(state), Reason(reason)  # refused before anything changes
-        if (report := self._parts.record.report) is not None:
+        if (report := self._record.report) is not None:
             return report
         self.planning = False
         return self._ending.stop(Refusal(state, reason, detail))
@@ -128,16 +124,15 @@ class ModelCallStep:
     def _between_calls(self) -> Report | None:
         """Before new calls (planned or approved): an execution never reported is lost,
         the last batch is done, a stop asked for is honoured."""
-        parts = self._parts
-        if parts.record.report is not None:
-            return parts.record.report
-        for ticket in parts.batch.tickets:
+        if self._record.report is not None:
+            return self._record.report
+        for ticket in self._batch.tickets:
             if ticket.status is Status.EXECUTING:
                 # The caller never reported this execution's outcome: treat it as lost.
-                lost = parts.outcome.lose(ticket, "no result was reported")
+                lost = self._outcome.lose(ticket, "no result was reported")
                 return self._ending.stop(present(lost), ticket)
-        parts.batch.tickets = []
-        parts.outcome.wait_ms = 0
-        if parts.cancel.requested():
+        self._batch.tickets = []
+        self._outcome.wait_ms = 0
+        if self._cancel.requested():
             return self._ending.stop(_CANCELLED)
         return None

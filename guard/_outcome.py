@@ -35,6 +35,9 @@ _NO_PROGRESS = Refusal(State.PARTIAL, Reason.NO_PROGRESS)
 _EXPLORED = "the exploration budget is spent: new results no longer count as progress"
 _SAID = 500  # characters of a tool's own words kept in a stop report's detail
 
+# Read on every step: bound once here, since looking a member up on its enum costs each time.
+_SUCCESS, _FATAL, _PRECONDITION, _RAN = Kind.SUCCESS, Kind.FATAL, Kind.PRECONDITION, Status.RAN
+
 
 def _said(tool: str, result: Result) -> str:
     """What a tool said when it stopped the task (a ``FATAL`` or ``PRECONDITION``), for the
@@ -87,22 +90,22 @@ class OutcomeStep:
         call, fp = ticket.call, ticket.fingerprint
         detector = self._detector
         evidence = inspected(inspect, result, call, detector.revision)
-        if call.effect == "write" and ticket.status is Status.RAN and not settled:
+        if call.effect == "write" and ticket.status is _RAN and not settled:
             refused = self._settlement.settle(call, fp, result, evidence, lookup)
             if refused is not None:
                 return refused
         if isinstance(evidence, str):
             return Refusal(State.FAILED, Reason.INVALID_EVIDENCE, evidence)
         kind = result.kind
-        if kind == Kind.FATAL:
+        if kind == _FATAL:
             return Refusal(State.FAILED, Reason.FATAL, _said(call.tool, result))
-        if kind == Kind.PRECONDITION:
+        if kind == _PRECONDITION:
             # The tool's own words name what is missing: the person who must provide it
             # reads them in the stop report.
             return Refusal(State.NEEDS_HUMAN, Reason.PRECONDITION, _said(call.tool, result))
         observer = self._observer
         gathered = (
-            kind == Kind.SUCCESS
+            kind == _SUCCESS
             and evidence.revision <= detector.revision
             and observer is not None
             and observer.gathered(ticket, result, inspect)
@@ -110,7 +113,7 @@ class OutcomeStep:
         stalled = detector.observe(
             call, fp, ticket.poll, kind, evidence.revision, gathered=gathered
         )
-        if kind == Kind.SUCCESS:
+        if kind == _SUCCESS:
             reused = ticket.status is Status.REUSED
             self._record.complete(call.tool, fp, call.operation_key, reused, detector.revision)
         if evidence.done:

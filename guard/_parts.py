@@ -11,6 +11,7 @@ stop was asked for, and the calls of the current model call.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from ._approval import ApprovalGate, NeedsApproval
 from ._budget import Budget
@@ -24,7 +25,10 @@ from ._settlement import SettlementStep
 from ._ticket import Batch
 from ._values import Approval, Limits, Usage
 
-__all__ = ["Parts"]
+if TYPE_CHECKING:
+    from ._ending import Ending
+
+__all__ = ["Parts", "PartsAtHand"]
 
 
 class Parts:
@@ -64,3 +68,32 @@ class Parts:
         self.observer = Observer(self.budget, self.detector)
         self.outcome = OutcomeStep(self.detector, self.settlement, self.record, self.observer)
         self.batch = Batch()  # the calls of the current model call
+
+
+class PartsAtHand:
+    """The parts (and the ending their refusals go to) as a step of the guard holds them:
+    each one its own attribute, since a step runs for every call and none of its lookups
+    should go through another object."""
+
+    __slots__ = (
+        "_approvals",
+        "_batch",
+        "_budget",
+        "_cancel",
+        "_ending",
+        "_observer",
+        "_outcome",
+        "_record",
+        "_settlement",
+    )
+
+    def __init__(self, parts: Parts, ending: Ending) -> None:
+        self._approvals = parts.approvals
+        self._batch = parts.batch
+        self._budget = parts.budget
+        self._cancel = parts.cancel
+        self._observer = parts.observer
+        self._outcome = parts.outcome
+        self._record = parts.record
+        self._settlement = parts.settlement
+        self._ending = ending

@@ -32,6 +32,10 @@ class Status(StrEnum):
     NOT_RUN = "not_run"
 
 
+# Read on every step: bound once here, since looking a member up on its enum costs each time.
+_ADMITTED, _EXECUTING, _EXECUTE = Status.ADMITTED, Status.EXECUTING, Action.EXECUTE
+
+
 class Ticket:
     """One call of the current model call, admitted by :meth:`Guard.before_tools`."""
 
@@ -43,7 +47,7 @@ class Ticket:
         self.fingerprint = fingerprint
         self.poll = poll
         self.result: Result | None = None
-        self.status = Status.ADMITTED
+        self.status = _ADMITTED
 
     def to_dict(self) -> dict[str, Any]:
         """The ticket as JSON-ready data, for a checkpoint taken between steps."""
@@ -102,8 +106,8 @@ def execute(ticket: Ticket) -> Decision:
     """``Decision(Action.EXECUTE, ticket)``, the ticket marked ``EXECUTING``. Made before
     every execution: built as the tuple it is, without the named tuple's constructor (a
     Python function), for speed."""
-    ticket.status = Status.EXECUTING
-    return tuple.__new__(Decision, (Action.EXECUTE, ticket, None, None))
+    ticket.status = _EXECUTING
+    return tuple.__new__(Decision, (_EXECUTE, ticket, None, None))
 
 
 def reuse(ticket: Ticket, result: Result | None) -> Decision:
@@ -126,7 +130,7 @@ class Batch:
     def entering(self, ticket: Ticket) -> None:
         """Refuse (``ValueError``) an entry for a ticket that is not a fresh one of this
         batch: nothing may run twice, nor run for another model call."""
-        if ticket not in self.tickets or ticket.status is not Status.ADMITTED:
+        if ticket not in self.tickets or ticket.status is not _ADMITTED:
             raise ValueError("before_tool() needs a fresh ticket from the current before_tools()")
 
     def stopped(self) -> tuple[dict[str, Any], ...]:
