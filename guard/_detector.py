@@ -20,6 +20,9 @@ from ._values import Call, Kind, Limits, Nudge, Reason, State
 
 __all__ = ["Detector"]
 
+# Read on every step: bound once here, since looking a member up on its enum costs each time.
+_PENDING = Kind.PENDING
+
 
 class Detector:
     """The memory of one task's calls since its last verified progress."""
@@ -121,7 +124,7 @@ class Detector:
         beside an inspector, counted as exploration). That is not verified progress, so the
         revision and the memory of repeats and cycles stay; only the count of requests
         without progress starts again, from this request."""
-        if kind == Kind.PENDING:
+        if kind == _PENDING:
             self.pending.setdefault(fp, 0)
         elif self.pending:
             self.pending.pop(fp, None)

@@ -29,6 +29,9 @@ _UNPLANNED = "each proposal needs its own before_model() first"
 _CANCELLED = Refusal(State.CANCELLED, Reason.OPERATOR_STOP)
 _PAST_DEADLINE = Refusal(State.PARTIAL, Reason.DEADLINE)
 
+# Read on every step: bound once here, since looking a member up on its enum costs each time.
+_EXECUTING = Status.EXECUTING
+
 
 class ModelCallStep(PartsAtHand):
     """One task's model calls, one at a time; every answer is ``None`` (go on), what to go
@@ -127,7 +130,7 @@ class ModelCallStep(PartsAtHand):
         if self._record.report is not None:
             return self._record.report
         for ticket in self._batch.tickets:
-            if ticket.status is Status.EXECUTING:
+            if ticket.status is _EXECUTING:
                 # The caller never reported this execution's outcome: treat it as lost.
                 lost = self._outcome.lose(ticket, "no result was reported")
                 return self._ending.stop(present(lost), ticket)

@@ -45,6 +45,9 @@ __all__ = ["Observer", "result_hash"]
 
 _HASH_HEX = 32  # 128 bits: collisions are out of reach, and a collision only fails closed
 
+# Read on every step: bound once here, since looking a member up on its enum costs each time.
+_SUCCESS, _RAN = Kind.SUCCESS, Status.RAN
+
 
 def result_hash(tool: str, data: Any) -> str:
     """A short hash of what ``tool`` returned: its name and the canonical JSON of ``data``
@@ -116,8 +119,8 @@ class Observer:
         if (
             isinstance(inspect, _Observed)
             or ticket.call.effect != "read"
-            or result.kind != Kind.SUCCESS
-            or ticket.status is not Status.RAN
+            or result.kind != _SUCCESS
+            or ticket.status is not _RAN
             or self._budget.limits.explore == 0
         ):
             return False
