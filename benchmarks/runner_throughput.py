@@ -273,7 +273,7 @@ _TABLE = re.compile(r'\b(?:FROM|INTO|UPDATE)\s+"?(\w+)"?', re.IGNORECASE)
 _PACKAGES = (f"{os.sep}console{os.sep}", f"{os.sep}guard{os.sep}")
 # Taking the lease was ``_acquire`` in the runner; the task lifecycle's ``start_drive`` now.
 _ONE_OFF = frozenset(
-    {"_acquire", "start_drive", "_Driver._finish", "Guard._stop", "_Heartbeat.run"}
+    {"_acquire", "start_drive", "_Driver._finish", "Ending.stop", "_Heartbeat.run"}
 )
 
 
