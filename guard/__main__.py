@@ -13,6 +13,7 @@ from typing import Any
 
 from . import Call, Evidence, Finish, Guard, Kind, Limits, Report, Result
 
+# The design's behaviour table's base limits; the console's demo agents start from them too.
 BASE: dict[str, Any] = {
     "deadline_ms": 1000,
     "model_calls": 8,

@@ -25,7 +25,8 @@ from typing import Any
 from django.db import connection
 
 from console import launcher
-from tests.up_process import ROOT, clean_environment, descendants, free_port
+from tests.processes import ROOT, clean_environment
+from tests.up_process import descendants, free_port
 from tests.waiting import wait_for
 
 

@@ -29,12 +29,12 @@ import pytest
 from django.conf import settings
 from psycopg import sql
 
+from tests.processes import clean_environment
 from tests.up_process import (
     ROOT,
     Browser,
     Proc,
     Up,
-    clean_environment,
     free_port,
     survivors,
     venv_is_current,

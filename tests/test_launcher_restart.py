@@ -24,11 +24,11 @@ import pytest
 
 from console import launcher
 from console.launcher import Child, Restarts, Supervisor
+from tests.processes import standalone_environment
 from tests.up_process import (
     ROOT,
     Proc,
     Up,
-    clean_environment,
     first_python,
     free_port,
     survivors,
@@ -210,13 +210,7 @@ def test_up_starts_a_killed_worker_again_and_the_console_keeps_running_tasks(
     if not venv_is_current():
         pytest.skip(".venv is older than pyproject.toml: run `python3 manage.py check` once")
     data_dir = tmp_path / "loopguard-data"
-    env = clean_environment(
-        LOOPGUARD_STANDALONE="1",
-        LOOPGUARD_DATA_DIR=str(data_dir),
-        # Closed ports: standalone mode must not use them.
-        DATABASE_URL="postgres://postgres@127.0.0.1:1/loopguard",
-        REDIS_URL="redis://127.0.0.1:1/0",
-    )
+    env = standalone_environment(data_dir)
     up = Up(ROOT, env, free_port(), tmp_path / "up.log")
     started: list[Proc] = []
     try:

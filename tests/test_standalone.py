@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
+from tests.processes import standalone_environment
 from tests.up_process import (
     ROOT,
     Browser,
     Proc,
     Up,
-    clean_environment,
     first_python,
     free_port,
     survivors,
@@ -33,12 +33,6 @@ from tests.up_process import (
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
-
-NOWHERE = {
-    # Closed ports: if standalone mode used either, it would fail at once.
-    "DATABASE_URL": "postgres://postgres@127.0.0.1:1/loopguard",
-    "REDIS_URL": "redis://127.0.0.1:1/0",
-}
 
 
 def manage(env: dict[str, str], *args: str) -> str:
@@ -90,7 +84,7 @@ def data_dir(tmp_path: Path) -> Path:
 def test_standalone_mode_runs_finishes_and_stops_tasks_on_sqlite_and_folders(
     data_dir: Path, tmp_path: Path
 ) -> None:
-    env = clean_environment(LOOPGUARD_STANDALONE="1", LOOPGUARD_DATA_DIR=str(data_dir), **NOWHERE)
+    env = standalone_environment(data_dir)
     up = Up(ROOT, env, free_port(), tmp_path / "up.log")
     started: list[Proc] = []
     try:
@@ -112,8 +106,12 @@ def test_standalone_mode_runs_finishes_and_stops_tasks_on_sqlite_and_folders(
         # Started through the console, it runs to the end.
         started_page = browser.submit(
             "/tasks/new",
-            {"agent": "paging", "input": '{"collection": "reports"}', "limits": "",
-             "reason": "standalone test"},
+            {
+                "agent": "paging",
+                "input": '{"collection": "reports"}',
+                "limits": "",
+                "reason": "standalone test",
+            },
         )
         assert started_page.status == 302, started_page.body[-2000:]
         found = re.fullmatch(r"/tasks/(\d+)/", started_page.headers["Location"])
@@ -156,7 +154,7 @@ def test_when_the_web_server_dies_up_stops_the_others_and_says_so(
 ) -> None:
     # A worker or beat that dies is started again (tests/test_launcher_restart.py); the web
     # server is not: the console would be gone from the address it printed.
-    env = clean_environment(LOOPGUARD_STANDALONE="1", LOOPGUARD_DATA_DIR=str(data_dir), **NOWHERE)
+    env = standalone_environment(data_dir)
     up = Up(ROOT, env, free_port(), tmp_path / "up.log")
     started: list[Proc] = []
     try:

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from tests.processes import ROOT
 from tests.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 CREDENTIAL = re.compile(r"^\s+(\w+)\s+password (\S+)$")
 URL = re.compile(r"^LoopGuard console: (http://\S+)$")
 CSRF_INPUT = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
@@ -40,19 +40,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-def clean_environment(**overrides: str) -> dict[str, str]:
-    """This process's environment without what pytest or a parent ``manage.py`` put there."""
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if name not in {"DJANGO_SETTINGS_MODULE", "LOOPGUARD_IN_VENV", "LOOPGUARD_STANDALONE"}
-        and not name.startswith(("PYTEST_", "CELERY_"))
-    }
-    env.update(overrides)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 def venv_is_current() -> bool:

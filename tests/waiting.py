@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from tests.processes import standalone_environment
 
 
 def wait_for[T](
@@ -89,12 +90,5 @@ print(json.dumps(answers), flush=True)
 
 def standalone_env(data: Path) -> dict[str, str]:
     """The environment of a console process in standalone mode (SQLite under ``data``),
-    with the test settings; PostgreSQL and Redis on closed ports, so any use of them fails."""
-    return {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "LOOPGUARD_STANDALONE": "1",
-        "LOOPGUARD_DATA_DIR": str(data),
-        "DATABASE_URL": "postgres://postgres@127.0.0.1:1/none",
-        "REDIS_URL": "redis://127.0.0.1:1/0",
-    }
+    with the test settings (:func:`tests.processes.standalone_environment`)."""
+    return standalone_environment(data, DJANGO_SETTINGS_MODULE="tests.settings")

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from guard import Call, Evidence, Finish, Kind, Result, Settlement
+from guard.__main__ import BASE as BEHAVIOUR_TABLE_LIMITS
 
 from ..agents.base import Agent, Tool
 from . import desk
@@ -54,15 +55,9 @@ __all__ = [
     "UnverifiedFinish",
 ]
 
-# The behaviour table's base limits; each demo changes only what its row names.
-BASE_LIMITS: Mapping[str, Any] = {
-    "deadline_ms": 1000,
-    "model_calls": 8,
-    "requests": 8,
-    "executions": 6,
-    "same": 2,
-    "stagnant": 3,
-}
+# The behaviour table's base limits (``python -m guard`` replays the same table); each demo
+# changes only what its row names.
+BASE_LIMITS: Mapping[str, Any] = BEHAVIOUR_TABLE_LIMITS
 
 # Who incident notices go to, and what the first one says. The demos that send a first
 # notice all send exactly this, so one incident's first notice is one business action

@@ -32,22 +32,29 @@ class Order(models.Model):
         return f"order {self.number} ({self.status})"
 
 
-class Refund(models.Model):
-    """Money given back for an order: at most one per idempotency key."""
+class OncePerKey(models.Model):
+    """A business action recorded at most once per idempotency key (the agent's operation
+    key): the unique constraint, not Python, makes one key one action."""
 
-    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="refunds")
-    amount_cents = models.PositiveIntegerField()
     idempotency_key = models.CharField(max_length=200, unique=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
+        abstract = True
         ordering = ["created_at", "id"]
+
+
+class Refund(OncePerKey):
+    """Money given back for an order: at most one per idempotency key."""
+
+    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="refunds")
+    amount_cents = models.PositiveIntegerField()
 
     def __str__(self) -> str:
         return f"refund {self.idempotency_key} ({self.amount_cents} cents)"
 
 
-class Notice(models.Model):
+class Notice(OncePerKey):
     """A message sent to a customer, about an order or not: at most one per key."""
 
     order = models.ForeignKey(
@@ -55,31 +62,21 @@ class Notice(models.Model):
     )
     recipient = models.CharField(max_length=254)
     text = models.TextField()
-    idempotency_key = models.CharField(max_length=200, unique=True)
-    created_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        ordering = ["created_at", "id"]
 
     def __str__(self) -> str:
         return f"notice {self.idempotency_key} to {self.recipient}"
 
 
-class ExportJob(models.Model):
+class ExportJob(OncePerKey):
     """A slow background job the agents start once and then poll.
 
     It finishes after ``polls_needed`` status checks; ``None`` means it never finishes,
     which is what the slow-job demo needs to run into its deadline or poll budget.
     """
 
-    idempotency_key = models.CharField(max_length=200, unique=True)
     collection = models.CharField(max_length=100)
     polls_needed = models.PositiveIntegerField(null=True, blank=True)
     polls_done = models.PositiveIntegerField(default=0)
-    created_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        ordering = ["created_at", "id"]
 
     def __str__(self) -> str:
         return f"export job {self.idempotency_key}"

@@ -19,6 +19,7 @@ from .models import Refund
 from .tools import (
     Field,
     check_input,
+    desk_settlement,
     notice_matches,
     notice_tool,
     order_confirmed,
@@ -199,18 +200,13 @@ def _refund_matches(key: str, order: Any, amount_cents: Any) -> bool:
 
 
 def _refund_settlement(operation_key: str) -> Settlement:
-    """Settle a refund write from the desk's records (what a reconciler would check)."""
-    refund = desk.refund_find(operation_key)
-    if refund is None:
-        return Settlement(False, evidence=f"the desk holds no refund with key {operation_key}")
-    return Settlement(
-        True,
-        Result(Kind.SUCCESS, _refund_data(refund)),
-        evidence=(
-            f"desk refund #{refund.pk} of {refund.amount_cents} cents for order "
-            f"{refund.order.number} at {refund.created_at:%Y-%m-%d %H:%M:%S %Z}"
-        ),
-    )
+    """Settle a refund write from the desk's records."""
+
+    def described(refund: Refund) -> tuple[Any, str]:
+        about = f"of {refund.amount_cents} cents for order {refund.order.number}"
+        return _refund_data(refund), about
+
+    return desk_settlement("refund", operation_key, desk.refund_find(operation_key), described)
 
 
 def _object(**properties: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from guard import Call, Kind, Result, Settlement
 
 from ..agents.base import Tool
 from . import desk
-from .models import Notice, Order
+from .models import Notice, OncePerKey, Order
 
 _REQUIRED: Any = object()
 
@@ -236,16 +236,24 @@ def notice_matches(call: Call) -> bool:
     )
 
 
-def notice_settlement(operation_key: str) -> Settlement:
-    """Settle a notice write from the desk's records (what a reconciler would check)."""
-    notice = desk.notice_find(operation_key)
-    if notice is None:
-        return Settlement(False, evidence=f"the desk holds no notice with key {operation_key}")
+def desk_settlement[R: OncePerKey](
+    what: str, operation_key: str, record: R | None, described: Callable[[R], tuple[Any, str]]
+) -> Settlement:
+    """Settle a write from the desk's record under its key (what a reconciler would check):
+    none is not committed; one is committed, ``described`` giving its result and what it is
+    (``to customers@example.com``)."""
+    if record is None:
+        return Settlement(False, evidence=f"the desk holds no {what} with key {operation_key}")
+    data, about = described(record)
+    at = f"{record.created_at:%Y-%m-%d %H:%M:%S %Z}"
     return Settlement(
-        True,
-        Result(Kind.SUCCESS, notice_data(notice)),
-        evidence=(
-            f"desk notice #{notice.pk} to {notice.recipient} "
-            f"at {notice.created_at:%Y-%m-%d %H:%M:%S %Z}"
-        ),
+        True, Result(Kind.SUCCESS, data), evidence=f"desk {what} #{record.pk} {about} at {at}"
+    )
+
+
+def notice_settlement(operation_key: str) -> Settlement:
+    """Settle a notice write from the desk's records."""
+    notice = desk.notice_find(operation_key)
+    return desk_settlement(
+        "notice", operation_key, notice, lambda n: (notice_data(n), f"to {n.recipient}")
     )

@@ -256,17 +256,8 @@ def stops_chart(rows: list[tuple[str, int]], window: str) -> str:
 @register.simple_tag
 def activity_chart(trends: Any) -> str:
     """Tasks started and finished per hour over the last 24 hours, as a column chart."""
-    from console import charts
-
-    return charts.columns(
-        _hour_labels(trends.hours),
-        [
-            charts.Series("started", "bar-started", trends.started),
-            charts.Series("finished", "bar-finished", trends.finished),
-        ],
-        title="Tasks started and finished per hour",
-        head="hour",
-    )
+    series = {"started": trends.started, "finished": trends.finished}
+    return _per_hour(trends, series, title="Tasks started and finished per hour")
 
 
 @register.simple_tag
@@ -274,17 +265,23 @@ def latency_chart(trends: Any) -> str:
     """Step latency per hour, p95 with p50 drawn inside it; a note where it cannot be had."""
     from console import charts
 
+    series = {"p95": trends.latency_p95, "p50": trends.latency_p50}
+    title = "Step latency per hour (model calls and tool requests)"
+    empty = trends.latency_note or charts.EMPTY
+    return _per_hour(trends, series, title=title, fmt=_ms, overlay=True, empty=empty)
+
+
+def _per_hour(trends: Any, series: dict[str, Any], *, title: str, **options: Any) -> str:
+    """A column chart over the dashboard's last 24 hours: one column an hour of each series,
+    drawn in its own ``bar-<name>`` class."""
+    from console import charts
+
     return charts.columns(
         _hour_labels(trends.hours),
-        [
-            charts.Series("p95", "bar-p95", trends.latency_p95),
-            charts.Series("p50", "bar-p50", trends.latency_p50),
-        ],
-        title="Step latency per hour (model calls and tool requests)",
-        fmt=_ms,
-        overlay=True,
+        [charts.Series(name, f"bar-{name}", values) for name, values in series.items()],
+        title=title,
         head="hour",
-        empty=trends.latency_note or charts.EMPTY,
+        **options,
     )
 
 

@@ -8,30 +8,14 @@ stops otherwise, and prints the totals), and that it leaves nothing behind.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import psycopg
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "attached_steps.py"
+from tests.benchmarks.support import database_url, load, run
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("attached_steps", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load("attached_steps")
 
 
 def test_it_works_in_a_database_of_its_own_beside_the_one_database_url_names() -> None:
@@ -48,12 +32,15 @@ def test_it_refuses_a_database_url_that_is_not_postgresql() -> None:
 
 
 def test_its_help_says_what_every_column_and_row_means() -> None:
-    done = subprocess.run(  # noqa: S603 - our own script
-        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True
-    )
+    done = run("attached_steps", "--help")
+    assert done.returncode == 0, done.stderr
 
     for name in (
-        *bench.HEADS, bench.HOSTED, bench.BY_CALL, "attached, N clients", "attached / hosted"
+        *bench.HEADS,
+        bench.HOSTED,
+        bench.BY_CALL,
+        "attached, N clients",
+        "attached / hosted",
     ):
         assert name in done.stdout
     for option in ("--steps", "--clients", "--quick", "--rounds"):
@@ -62,15 +49,7 @@ def test_its_help_says_what_every_column_and_row_means() -> None:
 
 @pytest.mark.slow
 def test_a_small_run_prints_every_row_and_every_attached_task_did_its_steps_once() -> None:
-    env = {**os.environ}
-    env.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/loopguard")
-    done = subprocess.run(  # noqa: S603 - our own script
-        [sys.executable, str(SCRIPT), "--steps", "6", "--clients", "1,2", "--rounds", "1"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    done = run("attached_steps", "--steps", "6", "--clients", "1,2", "--rounds", "1", timeout=300)
 
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
@@ -96,7 +75,7 @@ def test_a_small_run_prints_every_row_and_every_attached_task_did_its_steps_once
         "attempt"
     ) in out
 
-    where = bench.Scratch.from_url(env["DATABASE_URL"])
+    where = bench.Scratch.from_url(database_url())
     with psycopg.connect(where.server, autocommit=True) as admin:
         left = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [where.name])
         assert left.fetchone() is None

@@ -8,29 +8,14 @@ a whole small run end to end.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import psycopg
 import pytest
 from django.db import connection
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "runner_throughput.py"
+from tests.benchmarks.support import load, run
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("runner_throughput", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load("runner_throughput")
 
 
 def _burn(conn: psycopg.Connection) -> None:
@@ -91,9 +76,8 @@ def test_it_counts_a_backend_that_left_inside_the_window_as_lost_not_as_free() -
 
 
 def test_its_help_says_what_every_column_and_row_means() -> None:
-    done = subprocess.run(  # noqa: S603 - our own script
-        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True
-    )
+    done = run("runner_throughput", "--help")
+    assert done.returncode == 0, done.stderr
 
     for name in (*bench.SIDES, *bench.ROWS, "guarded / (a)", "guarded / DBOS"):
         assert name in done.stdout
@@ -101,15 +85,7 @@ def test_its_help_says_what_every_column_and_row_means() -> None:
 
 @pytest.mark.slow
 def test_a_small_run_prints_every_side_at_one_two_and_four_workers() -> None:
-    env = {**os.environ}
-    env.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/loopguard")
-    done = subprocess.run(  # noqa: S603 - our own script
-        [sys.executable, str(SCRIPT), "--steps", "6", "--rounds", "1"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    done = run("runner_throughput", "--steps", "6", "--rounds", "1", timeout=600)
 
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout

@@ -7,27 +7,14 @@ script checks by counting the notices it sent) and where it works.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "statement_ceiling.py"
+from tests.benchmarks.support import run
 
 
 @pytest.mark.slow
 def test_a_small_run_replays_the_guarded_statements_and_says_where_the_server_time_goes() -> None:
-    env = {**os.environ}
-    env.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/loopguard")
-    done = subprocess.run(  # noqa: S603 - our own script
-        [sys.executable, str(SCRIPT), "--steps", "8", "--rounds", "1"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    done = run("statement_ceiling", "--steps", "8", "--rounds", "1", timeout=600)
 
     # The script stops with a message if the replay sent another number of notices than
     # the drive did, or if the drive did not complete: exit 0 means the replay was faithful.
@@ -42,13 +29,14 @@ def test_a_small_run_replays_the_guarded_statements_and_says_where_the_server_ti
 
 
 def test_it_refuses_a_database_url_that_is_not_postgresql() -> None:
-    env = {**os.environ, "DATABASE_URL": "sqlite:///tmp/x.sqlite3"}
-    done = subprocess.run(  # noqa: S603 - our own script
-        [sys.executable, str(SCRIPT), "--steps", "4", "--rounds", "1"],
-        capture_output=True,
-        text=True,
-        env=env,
+    done = run(
+        "statement_ceiling",
+        "--steps",
+        "4",
+        "--rounds",
+        "1",
         timeout=60,
+        DATABASE_URL="sqlite:///tmp/x.sqlite3",
     )
 
     assert done.returncode != 0

@@ -39,7 +39,7 @@ from console.templatetags.console import stamp
 from console.tokens import api_token_issue
 from tests.console.api.helpers import Caller, bearer
 from tests.console.api.test_attached import Client
-from tests.console.security.support import run_settings
+from tests.processes import run_settings
 
 pytestmark = pytest.mark.django_db
 

@@ -32,8 +32,8 @@ from django.contrib.auth.models import User
 
 from console import notifications
 from console.models import AuditEntry, Notice, NoticeState, NotificationChannel
+from tests.processes import run_settings
 
-from .security.support import run_settings
 from .test_notifications import SECRET, Receiver, receiving
 
 pytestmark = pytest.mark.django_db

@@ -46,9 +46,9 @@ from console.models import (
 from console.services import task_start
 from console.tasks import notify
 from tests import workers
+from tests.processes import run_settings
 from tests.waiting import wait_for
 
-from .security.support import run_settings
 from .views.support import finish, unknown_operation
 
 PUBLIC = "https://console.example.com"

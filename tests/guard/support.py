@@ -227,6 +227,10 @@ class Notices:
             return Evidence(0, False, committed=subject.operation_key in self.sent)
         return Evidence(0, False)
 
+    def script(self, *plan: Any, cycle: bool = False) -> Script:
+        """An agent that proposes ``plan`` and sends and verifies its notices here."""
+        return Script(Planner(*plan, cycle=cycle), Executor(self.send), Inspector(self.inspect))
+
 
 def notice(text: str = "First notice", key: str | None = "incident-42-first-notice") -> Call:
     """A write that sends a notice about incident 42 under a stable operation key."""

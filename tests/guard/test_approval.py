@@ -52,6 +52,11 @@ def writes(call: Call) -> bool:
     return call.effect == "write"
 
 
+def _asking(**options: Any) -> Guard:
+    """A guard with room to spare that holds every write for a person's approval."""
+    return make_guard(Clock(), roomy(), needs_approval=writes, **options)
+
+
 def _fp(call: Call) -> str:
     return fingerprint(call.tool, call.args)
 
@@ -68,10 +73,8 @@ def _from_pending(pending: Mapping[str, Any]) -> Call:
 
 def _held_notice(ledger: InMemoryLedger, notices: Notices) -> Report:
     """Phase one: the model asks for the notice, and the task stops waiting for a person."""
-    guard = make_guard(Clock(), roomy(), ledger=ledger, needs_approval=writes)
-    report = Script(Planner(notice()), Executor(notices.send), Inspector(notices.inspect)).run(
-        guard
-    )
+    guard = _asking(ledger=ledger)
+    report = notices.script(notice()).run(guard)
     assert (report.state, report.reason) == (State.NEEDS_HUMAN, Reason.APPROVAL_REQUIRED)
     return report
 
@@ -88,8 +91,8 @@ def _approved(report: Report, *, with_call: bool = True) -> Approval:
 
 def test_a_write_that_needs_approval_does_not_run_and_the_report_names_it() -> None:
     ledger, notices = InMemoryLedger(), Notices()
-    guard = make_guard(Clock(), roomy(), ledger=ledger, needs_approval=writes)
-    script = Script(Planner(notice()), Executor(notices.send), Inspector(notices.inspect))
+    guard = _asking(ledger=ledger)
+    script = notices.script(notice())
 
     report = script.run(guard)
 
@@ -124,7 +127,7 @@ def test_the_pending_call_survives_the_json_report_and_rebuilds_the_same_call() 
 
 
 def test_a_read_the_policy_does_not_name_runs_without_asking() -> None:
-    guard = make_guard(Clock(), roomy(), needs_approval=writes)
+    guard = _asking()
     script = scripted([read("lookup", id=1), Finish()], evidence=[Evidence(0, True)])
 
     report = script.run(guard)
@@ -152,7 +155,7 @@ def test_a_policy_that_raises_holds_the_call_for_a_person() -> None:
 
 
 def test_the_second_of_two_parallel_calls_held_for_approval_stops_before_running() -> None:
-    guard = make_guard(Clock(), roomy(), needs_approval=writes)
+    guard = _asking()
     script = scripted([[read("lookup", id=1), notice()]])
 
     report = script.run(guard)
@@ -200,7 +203,7 @@ def test_a_call_past_the_deadline_stops_for_the_deadline_not_for_approval() -> N
 
 
 def test_a_write_without_an_operation_key_stops_for_the_key_not_for_approval() -> None:
-    guard = make_guard(Clock(), roomy(), needs_approval=writes)
+    guard = _asking()
     script = scripted([notice(key=None)])
 
     report = script.run(guard)
@@ -228,13 +231,13 @@ def test_a_repeated_call_stops_for_the_repeat_even_when_it_needs_approval() -> N
 def test_a_write_already_committed_for_the_same_call_is_reused_without_asking() -> None:
     ledger, notices = InMemoryLedger(), Notices()
     earlier = make_guard(Clock(), roomy(), ledger=ledger)  # a phase without the policy
-    first = Script(Planner(notice(), Finish()), Executor(notices.send), Inspector(notices.inspect))
+    first = notices.script(notice(), Finish())
     first.run(earlier)
     entry = ledger.get(NOTICE_KEY)
     assert entry is not None and entry.state is OperationState.COMMITTED
 
-    guard = make_guard(Clock(), roomy(), ledger=ledger, needs_approval=writes)
-    script = Script(Planner(notice(), Finish()), Executor(notices.send), Inspector(notices.inspect))
+    guard = _asking(ledger=ledger)
+    script = notices.script(notice(), Finish())
 
     report = script.run(guard)
 
@@ -260,7 +263,7 @@ def test_an_approved_call_runs_once_before_the_model_is_asked_again() -> None:
         needs_approval=writes,
         approvals=[_approved(held)],
     )
-    script = Script(Planner(Finish("sent")), Executor(notices.send), Inspector(notices.inspect))
+    script = notices.script(Finish("sent"))
 
     report = script.run(guard)
 
@@ -281,7 +284,7 @@ def test_the_budgets_of_the_approved_phase_go_on_from_the_stopped_one() -> None:
     guard = make_guard(
         Clock(), roomy(), ledger=ledger, used=held.usage, approvals=[_approved(held)]
     )
-    script = Script(Planner(Finish("sent")), Executor(notices.send), Inspector(notices.inspect))
+    script = notices.script(Finish("sent"))
 
     report = script.run(guard, lookup=None)
 
@@ -300,7 +303,7 @@ def test_an_approved_call_is_refused_by_a_budget_that_ran_out() -> None:
         needs_approval=writes,
         approvals=[_approved(held)],
     )
-    script = Script(Planner(Finish()), Executor(notices.send), Inspector(notices.inspect))
+    script = notices.script(Finish())
 
     report = script.run(guard)
 
@@ -320,7 +323,7 @@ def test_an_approval_without_its_call_waits_for_the_model_to_ask_for_it() -> Non
         needs_approval=writes,
         approvals=[_approved(held, with_call=False)],
     )
-    script = Script(Planner(notice(), Finish()), Executor(notices.send), Inspector(notices.inspect))
+    script = notices.script(notice(), Finish())
 
     report = script.run(guard)
 
@@ -331,44 +334,30 @@ def test_an_approval_without_its_call_waits_for_the_model_to_ask_for_it() -> Non
     assert entry is not None and entry.state is OperationState.COMMITTED
 
 
-def test_an_approval_does_not_cover_other_arguments_under_the_same_key() -> None:
+def _held_instead(other: Call) -> tuple[Report, Report, InMemoryLedger]:
+    """Phase one holds the first notice and a person approves it (without the call); phase
+    two proposes ``other`` instead, and it is held too, never run."""
     ledger, notices = InMemoryLedger(), Notices()
     held = _held_notice(ledger, notices)
-    other = notice("A bigger notice")
-    guard = make_guard(
-        Clock(),
-        roomy(),
-        ledger=ledger,
-        needs_approval=writes,
-        approvals=[_approved(held, with_call=False)],
-    )
-    script = Script(Planner(other), Executor(notices.send), Inspector(notices.inspect))
+    script = notices.script(other)
 
-    report = script.run(guard)
+    report = script.run(_asking(ledger=ledger, approvals=[_approved(held, with_call=False)]))
 
     assert (report.state, report.reason) == (State.NEEDS_HUMAN, Reason.APPROVAL_REQUIRED)
     assert script.execute.entries == 0
+    assert report.pending is not None
+    return held, report, ledger
+
+
+def test_an_approval_does_not_cover_other_arguments_under_the_same_key() -> None:
+    other = notice("A bigger notice")
+    held, report, _ = _held_instead(other)
     assert report.pending is not None
     assert report.pending["fingerprint"] == _fp(other) != held.pending["fingerprint"]  # type: ignore[index]
 
 
 def test_an_approval_does_not_cover_the_same_arguments_under_another_key() -> None:
-    ledger, notices = InMemoryLedger(), Notices()
-    held = _held_notice(ledger, notices)
-    other = notice(key="incident-42-second-notice")
-    guard = make_guard(
-        Clock(),
-        roomy(),
-        ledger=ledger,
-        needs_approval=writes,
-        approvals=[_approved(held, with_call=False)],
-    )
-    script = Script(Planner(other), Executor(notices.send), Inspector(notices.inspect))
-
-    report = script.run(guard)
-
-    assert (report.state, report.reason) == (State.NEEDS_HUMAN, Reason.APPROVAL_REQUIRED)
-    assert script.execute.entries == 0
+    _, report, ledger = _held_instead(notice(key="incident-42-second-notice"))
     assert report.pending is not None
     assert report.pending["operation_key"] == "incident-42-second-notice"
     assert ledger.get("incident-42-second-notice") is None
@@ -377,10 +366,8 @@ def test_an_approval_does_not_cover_the_same_arguments_under_another_key() -> No
 def test_an_approved_write_asked_for_again_reuses_its_result_and_runs_once() -> None:
     ledger, notices = InMemoryLedger(), Notices()
     held = _held_notice(ledger, notices)
-    guard = make_guard(
-        Clock(), roomy(), ledger=ledger, needs_approval=writes, approvals=[_approved(held)]
-    )
-    script = Script(Planner(notice(), Finish()), Executor(notices.send), Inspector(notices.inspect))
+    guard = _asking(ledger=ledger, approvals=[_approved(held)])
+    script = notices.script(notice(), Finish())
 
     report = script.run(guard)
 
@@ -465,7 +452,7 @@ def test_an_approved_call_that_ran_is_not_offered_again_after_a_restore() -> Non
         needs_approval=writes,
         approvals=[approval],
     )
-    script = Script(Planner(Finish()), Executor(notices.send), Inspector(notices.inspect))
+    script = notices.script(Finish())
     script.run(restored)
 
     assert script.execute.entries == 0
@@ -506,9 +493,7 @@ def test_a_rejection_is_the_models_first_observation_told_plainly() -> None:
 
 def test_a_rejected_call_asked_for_again_ends_the_task_without_running() -> None:
     ledger = InMemoryLedger()
-    guard = make_guard(
-        Clock(), roomy(), ledger=ledger, needs_approval=writes, approvals=[_rejected(_refund())]
-    )
+    guard = _asking(ledger=ledger, approvals=[_rejected(_refund())])
     script = scripted([_refund()])
 
     report = script.run(guard)
@@ -559,10 +544,8 @@ def test_a_rejection_is_told_once() -> None:
 def test_a_write_whose_key_holds_another_input_stops_as_a_conflict_not_for_approval() -> None:
     ledger, notices = InMemoryLedger(), Notices()
     earlier = make_guard(Clock(), roomy(), ledger=ledger)
-    Script(Planner(notice(), Finish()), Executor(notices.send), Inspector(notices.inspect)).run(
-        earlier
-    )
-    guard = make_guard(Clock(), roomy(), ledger=ledger, needs_approval=writes)
+    notices.script(notice(), Finish()).run(earlier)
+    guard = _asking(ledger=ledger)
     script = Script(Planner(notice("Another text")), Executor(notices.send))
 
     report = script.run(guard)

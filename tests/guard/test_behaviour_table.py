@@ -112,7 +112,7 @@ def test_a_committed_write_requested_again_is_reused_not_reexecuted() -> None:
     guard = make_guard(Clock(), base_limits(same=3), ledger=ledger)
     notices = Notices()
     write = notice()
-    script = Script(Planner(write), Executor(notices.send), Inspector(notices.inspect))
+    script = notices.script(write)
 
     report = script.run(guard)
 
@@ -177,7 +177,7 @@ def test_an_operation_key_with_different_input_conflicts_without_executing() -> 
     guard = make_guard(Clock(), ledger=ledger)
     notices = Notices()
     first, changed = notice("First notice"), notice("First notice, corrected")
-    script = Script(Planner(first, changed), Executor(notices.send), Inspector(notices.inspect))
+    script = notices.script(first, changed)
 
     report = script.run(guard)
 

@@ -219,7 +219,7 @@ def test_reusing_a_committed_write_needs_no_execution_budget() -> None:
     ledger = InMemoryLedger()
     guard = make_guard(Clock(), base_limits(executions=1, same=3), ledger=ledger)
     notices = Notices()
-    script = Script(Planner(notice()), Executor(notices.send), Inspector(notices.inspect))
+    script = notices.script(notice())
 
     report = script.run(guard)
 
@@ -405,7 +405,7 @@ def test_arguments_json_cannot_hold_fail_as_bad_args_and_nothing_runs(args: dict
 def test_a_write_without_an_operation_key_needs_a_human_and_does_not_run(key: str | None) -> None:
     guard = make_guard(Clock())
     notices = Notices()
-    script = Script(Planner(notice(key=key)), Executor(notices.send), Inspector(notices.inspect))
+    script = notices.script(notice(key=key))
 
     report = script.run(guard)
 
@@ -420,7 +420,7 @@ def test_one_key_with_two_inputs_in_one_model_call_conflicts_before_either_runs(
     guard = make_guard(Clock(), ledger=ledger)
     notices = Notices()
     batch = [notice("First notice"), notice("First notice, louder")]
-    script = Script(Planner(batch), Executor(notices.send), Inspector(notices.inspect))
+    script = notices.script(batch)
 
     report = script.run(guard)
 
@@ -443,7 +443,7 @@ def test_a_write_another_guard_keeps_executing_stops_as_in_flight_once_its_polls
     clock = Clock()
     guard = make_guard(clock, roomy(polls=3), ledger=ledger)
     notices = Notices()
-    script = Script(Planner(write), Executor(notices.send), Inspector(notices.inspect))
+    script = notices.script(write)
 
     report = script.run(guard)
 
@@ -480,7 +480,7 @@ def test_a_second_task_does_not_rerun_an_unknown_operation_of_a_shared_ledger() 
     assert first.run(make_guard(Clock(), ledger=ledger)).reason == Reason.UNKNOWN_COMMIT
 
     guard = make_guard(Clock(), ledger=ledger)
-    script = Script(Planner(notice()), Executor(notices.send), Inspector(notices.inspect))
+    script = notices.script(notice())
 
     report = script.run(guard)
 

@@ -19,7 +19,6 @@ from guard.steps import SUMMARY_REASONS
 from .support import (
     Clock,
     Executor,
-    Inspector,
     Notices,
     Planner,
     Script,
@@ -276,9 +275,7 @@ def _spend_budget() -> tuple[Guard, Script]:
 
 def _conflict() -> tuple[Guard, Script]:
     notices = Notices()
-    script = Script(
-        Planner(notice("one"), notice("two")), Executor(notices.send), Inspector(notices.inspect)
-    )
+    script = notices.script(notice("one"), notice("two"))
     return make_guard(Clock(), roomy(), ledger=InMemoryLedger()), script
 
 

@@ -15,9 +15,9 @@ from django.utils import timezone
 from console.models import Task
 from console.roles import Role, assign
 from console.tokens import api_token_issue
+from tests.processes import run_settings
 
 from ..views.support import finish
-from .support import run_settings
 
 PASSWORD = "pw-vera"
 

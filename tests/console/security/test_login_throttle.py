@@ -19,7 +19,7 @@ from django.test import Client
 from django.utils import timezone
 from pytest_django.fixtures import Settings
 
-from .support import ROOT, clean_environment
+from tests.processes import ROOT, standalone_environment
 
 PASSWORD = "the-right-password"
 LIMIT = 5  # the default of LOOPGUARD_LOGIN_FAILURE_LIMIT
@@ -191,14 +191,7 @@ def test_standalone_mode_throttles_sign_ins_on_sqlite_without_redis(tmp_path: Pa
     import subprocess
     import sys
 
-    env = clean_environment(
-        DJANGO_SETTINGS_MODULE="tests.settings",
-        LOOPGUARD_STANDALONE="1",
-        LOOPGUARD_DATA_DIR=str(tmp_path),
-        # Closed ports: any use of PostgreSQL or Redis would fail.
-        DATABASE_URL="postgres://postgres@127.0.0.1:1/none",
-        REDIS_URL="redis://127.0.0.1:1/0",
-    )
+    env = standalone_environment(tmp_path, only_named=True, DJANGO_SETTINGS_MODULE="tests.settings")
     done = subprocess.run(  # noqa: S603 - this interpreter, a fixed script
         [sys.executable, "-c", STANDALONE],
         cwd=ROOT,

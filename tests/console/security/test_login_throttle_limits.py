@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from pytest_django.fixtures import Settings
 
-from .support import run_settings
+from tests.processes import run_settings
 
 PASSWORD = "the-right-password"
 PAIR_LIMIT = 5  # the default of LOOPGUARD_LOGIN_FAILURE_LIMIT

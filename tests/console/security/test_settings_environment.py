@@ -15,8 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from console.project import settings as console_settings
 from console.project.environment import SettingsWarning, check_environment
-
-from .support import ROOT, run_settings
+from tests.processes import ROOT, run_settings
 
 PRINT_DEBUG = "from django.conf import settings\nprint('DEBUG', settings.DEBUG)\n"
 PRODUCTION = {"DJANGO_DEBUG": "0", "DJANGO_SECRET_KEY": secrets.token_urlsafe(50)}

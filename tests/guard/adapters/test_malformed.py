@@ -17,7 +17,7 @@ from guard.adapters import (
     tool_effects,
 )
 
-from ..support import Clock, Executor, Inspector, Notices, Planner, Script, make_guard
+from ..support import Clock, Notices, make_guard
 from .wire import NOTICE, READ, TOOLS, executed, openai_call, openai_reply, text, tool_use
 
 # -- malformed output ends in the right stop, before anything runs ----------------------
@@ -351,9 +351,7 @@ def test_the_problem_named_is_the_one_the_guard_stops_for() -> None:
 def test_a_guard_told_the_tools_effects_agrees_with_the_adapter() -> None:
     notices = Notices()
     good = calls_from_openai(openai_reply(openai_call("c", "send_notice", NOTICE)), TOOLS)
-    script = Script(
-        Planner(good.proposal, Finish()), Executor(notices.send), Inspector(notices.inspect)
-    )
+    script = notices.script(good.proposal, Finish())
 
     script.run(make_guard(Clock(), tools=tool_effects(TOOLS)))
     unknown = calls_from_openai(openai_reply(openai_call("c", "drop_table", "{}")), TOOLS)
