@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -86,7 +86,6 @@ from .store import Answer, Step, StepStore, open_store
 PROTOCOL = 1
 """The protocol version this console speaks."""
 
-STEPS = ("model", "tools", "call", "result", "wait", "finish", "failed", "halt", "heartbeat")
 MAX_CALLS = 64
 # What one step may report, bounded where the database's columns are (a trace event's
 # tokens are a 32-bit integer; the task's counters 64-bit).
@@ -107,8 +106,10 @@ __all__ = [
     "HALT_REASONS",
     "MAX_CALLS",
     "PROTOCOL",
+    "PROTOCOL_STEPS",
     "STEPS",
     "ProtocolRefused",
+    "ProtocolStep",
     "attached_start",
     "attached_step",
     "body_hash",
@@ -222,12 +223,12 @@ def attached_step(
     fingerprint: str,
 ) -> dict[str, Any]:
     """Answer one step request of an attached task (see the module's docstring)."""
-    if step not in STEPS:
+    entry = PROTOCOL_STEPS.get(step)
+    if entry is None:
         raise InvalidInput(f"step must be one of {', '.join(STEPS)}")
     store = open_store(task_id, lease)
     with transaction.atomic():
-        # A heartbeat's answer is never stored (it changes nothing a retry could repeat).
-        opened = store.open_step(None if step == "heartbeat" else request_id)
+        opened = store.open_step(request_id if entry.kept else None)
         if opened is None:
             raise NotFound(f"there is no task {task_id}")
         task, prior = opened
@@ -243,8 +244,8 @@ def attached_step(
                     "request_id_reused", f"request {request_id} was another request of this task"
                 )
             return dict(prior.answer)
-        answer = _Answered(request_id, step, fingerprint)
-        return _step(task, store, step, fields, answer, actor)
+        answer = _Answered(request_id, step, fingerprint, entry.kept)
+        return _step(task, store, entry, fields, answer, actor)
 
 
 @dataclass(frozen=True)
@@ -254,11 +255,12 @@ class _Answered:
     request_id: str
     step: str
     body_hash: str
+    kept: bool = True
 
     def of(self, answer: dict[str, Any]) -> Answer | None:
         """``answer`` with its request id, as stored (a heartbeat's is not)."""
         answer["request_id"] = self.request_id
-        if self.step == "heartbeat":
+        if not self.kept:
             return None
         return Answer(self.request_id, self.step, self.body_hash, answer)
 
@@ -266,19 +268,19 @@ class _Answered:
 def _step(
     task: Task,
     store: StepStore,
-    step: str,
+    step: ProtocolStep,
     fields: Mapping[str, Any],
     answered: _Answered,
     actor: User,
 ) -> dict[str, Any]:
     if task.is_terminal:
-        if step == "result":
+        if step.name == "result":
             _settle_late(task, store.owner, fields)
         return _remembered(store, _stopped(task), answered)  # terminal is sticky
     # This request takes the lease (a new process after its predecessor vanished, or a
     # client whose lease ran out): the calls left running are interrupted (_Driver).
     handover = task.lease_owner != store.owner
-    if step != "heartbeat" and _fresh(task, store.owner):  # a heartbeat is there to renew it
+    if step.kept and _fresh(task, store.owner):  # a heartbeat is there to renew it
         store.go_on(task)  # renewed a moment ago: no statement for it this time
         return _Driver(task, store, actor=actor).run(step, fields, answered)
     taken = store.take_lease(lease_seconds())
@@ -468,23 +470,14 @@ class _Driver:
 
     # -- the steps ---------------------------------------------------------------------------
 
-    def run(self, step: str, fields: Mapping[str, Any], answered: _Answered) -> dict[str, Any]:
+    def run(
+        self, step: ProtocolStep, fields: Mapping[str, Any], answered: _Answered
+    ) -> dict[str, Any]:
         """Answer ``step``; its save, made last, stores the answer with it."""
-        if step == "heartbeat":
-            stopping = self.task.stop_requested_at is not None
-            answer = self._answer(stop_requested=stopping, lease_seconds=lease_seconds())
-            if self.clock.orphans:
-                answer["interrupted"] = [self._interrupted(index) for index in self.clock.orphans]
-                if self.handover:
-                    self._save()  # the calls stay interrupted for this lease's next steps
-                    pending, self.pending = self.pending, None
-                    self.store.save(pending)  # type: ignore[arg-type]
-            answered.of(answer)
-            return answer
-        handler = getattr(self, f"_{step}")
         try:
-            self._charge(fields.get("usage"))
-            answer = handler(fields)
+            if step.kept:
+                self._charge(fields.get("usage"))
+            answer = step.handler(self, fields)
         except _OutOfOrder as exc:
             raise ProtocolRefused(exc.code, str(exc)) from None
         kept = answered.of(answer)
@@ -495,7 +488,16 @@ class _Driver:
         elif kept is not None:
             self.store.remember(kept)
         self._audit_settled()
-        return answer  # type: ignore[no-any-return]
+        return answer
+
+    def _heartbeat(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        stopping = self.task.stop_requested_at is not None
+        answer = self._answer(stop_requested=stopping, lease_seconds=lease_seconds())
+        if self.clock.orphans:
+            answer["interrupted"] = [self._interrupted(index) for index in self.clock.orphans]
+            if self.handover:
+                self._save()  # the calls stay interrupted for this lease's next steps
+        return answer
 
     def _model(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         if (stop := self._settled_first("a model call")) is not None:
@@ -940,6 +942,76 @@ class _Driver:
 
     def _answer(self, **fields: Any) -> dict[str, Any]:
         return _answer(self.task, self.task.state, self.guard.remaining(), None) | fields
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolStep:
+    """One step of the protocol (docs/protocol.md): what answers it and what it carries.
+
+    ``takes`` and ``gives`` name the request fields it reads and the answer fields it may
+    give beyond every step's own, as :mod:`console.serializers` declares them (the request
+    and answer schemas, and so the OpenAPI document, are built from this table). A new
+    step is one entry here and its handler (and its row in docs/protocol.md)."""
+
+    name: str
+    handler: Callable[[_Driver, Mapping[str, Any]], dict[str, Any]]
+    takes: tuple[str, ...]
+    gives: tuple[str, ...]
+    summary: str
+    kept: bool = True
+    """Its answer is stored under its request id (a retry gets it again) and it charges the
+    ``usage`` it carries; a heartbeat's is not: it changes nothing a retry could repeat."""
+
+
+def _steps(*steps: ProtocolStep) -> dict[str, ProtocolStep]:
+    return {step.name: step for step in steps}
+
+
+PROTOCOL_STEPS: Mapping[str, ProtocolStep] = _steps(
+    ProtocolStep(
+        "model", _Driver._model, ("reserve",), ("allowed",),
+        "before a model call: allowed, or the stop report",
+    ),
+    ProtocolStep(
+        "tools", _Driver._tools, ("calls", "enter"), ("admitted", "nudge", "action", "result"),
+        "before the model call's calls: their tickets, a nudge for the model, or the stop",
+    ),
+    ProtocolStep(
+        "call", _Driver._call, ("ticket",), ("action", "result"),
+        "at a call's entry: execute it, reuse its stored result, or the stop",
+    ),
+    ProtocolStep(
+        "result", _Driver._result,
+        ("ticket", "result", "error", "lookup", "evidence", "then", "reserve"),
+        ("wait_ms", "allowed"),
+        "after a call: what it came to (with then, what wait and model answer too)",
+    ),
+    ProtocolStep(
+        "wait", _Driver._wait, (), ("wait_ms",),
+        "before waiting: how long to wait before the next model call",
+    ),
+    ProtocolStep(
+        "finish", _Driver._finish, ("answer", "evidence"), (),
+        "the model's final answer: the stop report, COMPLETED only if verified",
+    ),
+    ProtocolStep(
+        "failed", _Driver._failed, ("error",), (),
+        "the model call raised: the stop report, FAILED/planner_error",
+    ),
+    ProtocolStep(
+        "halt", _Driver._halt, ("state", "reason", "detail"), (),
+        "the client stops its task for a reason it found: the stop report",
+    ),
+    ProtocolStep(
+        "heartbeat", _Driver._heartbeat, (), ("stop_requested", "lease_seconds", "interrupted"),
+        "renew the lease (or take it, coming back): the calls a lost client left running",
+        kept=False,
+    ),
+)  # fmt: skip
+"""The protocol's steps by name, in the order docs/protocol.md lists them."""
+
+STEPS = tuple(PROTOCOL_STEPS)
+"""The steps' names."""
 
 
 # The guard's refusals of a step out of order, as a client of the protocol reads them.
