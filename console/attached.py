@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 from django.conf import settings
@@ -49,7 +49,7 @@ from guard import (
     Settlement,
     State,
 )
-from guard.steps import RETRY_WAIT_MS, Action, Ticket, canonical_json
+from guard.steps import RETRY_WAIT_MS, Action, Next, OutOfOrder, Sequencer, Ticket, canonical_json
 
 from . import services, trace
 from .inputs import (
@@ -467,6 +467,26 @@ class _Driver:
             self.clock = _Clock()
         self.settled: list[tuple[str, Settlement]] = []
         """Writes a client's lookup settled in this step, for the audit log (:meth:`run`)."""
+        this_phase = of_this_phase(task)
+        saved = (checkpoint.get("attached") or {}) if this_phase else {}
+        steps = ((checkpoint.get("guard") or {}).get("steps") or {}) if this_phase else {}
+        # The guard keeps whether a proposal is awaited; the pause asked is the driver's.
+        self.position = {"planning": bool(steps.get("planning", False))}
+        if "sequence" in saved:
+            self.position["waited"] = bool(saved["sequence"].get("waited"))
+        self.fields: Mapping[str, Any] = {}
+        self.about: Ticket | None = None
+        """The call the step names, once it is read (:meth:`_ticket`)."""
+
+    @cached_property
+    def seq(self) -> Sequencer:
+        """Where the task stands in the order of a step: the sequencer, restored from the
+        guard and the position saved with the checkpoint, judges the client's step. Made
+        when a step first asks, after the calls a lost client left are settled."""
+        inspect = _inspector(self.fields.get("evidence"))
+        return Sequencer.resume(
+            self.guard, self.guard.tickets, self.position, inspect=inspect, reports_reuse=True
+        )
 
     # -- the steps ---------------------------------------------------------------------------
 
@@ -474,12 +494,16 @@ class _Driver:
         self, step: ProtocolStep, fields: Mapping[str, Any], answered: _Answered
     ) -> dict[str, Any]:
         """Answer ``step``; its save, made last, stores the answer with it."""
+        self.fields = fields
         try:
             if step.kept:
                 self._charge(fields.get("usage"))
             answer = step.handler(self, fields)
         except _OutOfOrder as exc:
             raise ProtocolRefused(exc.code, str(exc)) from None
+        except OutOfOrder as exc:
+            code, message = _refusal(step.name, self.about, exc)
+            raise ProtocolRefused(code, message) from None
         kept = answered.of(answer)
         pending, self.pending = self.pending, None
         if pending is not None:
@@ -500,8 +524,9 @@ class _Driver:
         return answer
 
     def _model(self, fields: Mapping[str, Any]) -> dict[str, Any]:
-        if (stop := self._settled_first("a model call")) is not None:
+        if (stop := self._settled_first()) is not None:
             return self._stop(stop)
+        self.seq.check(Next.MODEL)
         for ticket in self.guard.tickets:
             if ticket.status == "admitted":
                 # Admitted and never asked for (its framework dropped it: a person said no,
@@ -515,8 +540,9 @@ class _Driver:
         return self._allow_model(fields)
 
     def _tools(self, fields: Mapping[str, Any]) -> dict[str, Any]:
-        if (stop := self._settled_first("calls")) is not None:
+        if (stop := self._settled_first()) is not None:
             return self._stop(stop)
+        self.seq.check(Next.PROPOSAL)
         calls = self._calls(fields.get("calls"))
         enter = fields.get("enter", False)
         if not isinstance(enter, bool):
@@ -528,8 +554,8 @@ class _Driver:
         if self.task.stop_requested_at is not None:
             # Heard now rather than at each call's entry: none of them would run.
             self.events.append(model)
-            return self._stop(self.guard.halt(State.CANCELLED, Reason.OPERATOR_STOP))
-        admitted = self._guarded(lambda: self.guard.before_tools(proposal))
+            return self._stop(self.seq.halt(State.CANCELLED, Reason.OPERATOR_STOP))
+        admitted = self._guarded(lambda: self.seq.proposed(proposal, enter=enter))
         self.events.append(model)
         if isinstance(admitted, Report):
             self.events.append(trace.blocked_event(admitted))
@@ -559,17 +585,15 @@ class _Driver:
         return self._answer(admitted=tickets)
 
     def _call(self, fields: Mapping[str, Any]) -> dict[str, Any]:
-        ticket = self._ticket(fields.get("ticket"))
-        if ticket.status != "admitted":
-            raise _OutOfOrder("step_out_of_order", f"call {ticket.index} was decided already")
-        return self._enter(ticket)
+        return self._enter(self._ticket(fields.get("ticket")))
 
     def _enter(self, ticket: Ticket, **answer: Any) -> dict[str, Any]:
         """The executor's entry of an admitted call: execute (its claim made), reuse the
         stored result, or stop."""
+        self.seq.check(Next.ENTER, ticket)
         shown = preview(ticket.call.args)
         self.ledger.describe(ticket.call, shown)
-        decision = self._guarded(lambda: self.guard.before_tool(ticket))
+        decision = self._guarded(lambda: self.seq.enter(ticket))
         if decision.action is Action.STOP:
             report = decision.report
             if report is None:  # pragma: no cover - STOP always carries its report
@@ -589,18 +613,15 @@ class _Driver:
 
     def _result(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         ticket = self._ticket(fields.get("ticket"))
-        status = str(ticket.status)
-        if status in ("admitted", "not_run"):
-            raise _OutOfOrder("call_not_allowed", f"call {ticket.index} was never allowed to run")
-        if status in ("ran", "reused"):
-            raise _OutOfOrder("result_given", f"call {ticket.index} has its result already")
+        orphan = ticket.index in self.clock.orphans
+        if not orphan:  # a call a lost client left is settled by the driver (_interrupt)
+            self.seq.check(Next.RESULT, ticket)
         then = fields.get("then")
         if then is not None and then not in ("wait", "model"):
             raise InvalidInput('then must be "wait" or "model"')
         if then == "model":  # checked before the result moves anything (a 400 is final)
             _count(fields.get("reserve", 0), "reserve", MAX_AMOUNT)
         reported = fields.get("result") is not None or fields.get("error") is not None
-        orphan = ticket.index in self.clock.orphans
         if orphan and (not reported or ticket.call.effect == "write"):
             # Interrupted with its client: what the tool's lookup found, or nothing (lost).
             # Recovery has made a write UNKNOWN; only trusted evidence settles it now: a
@@ -617,14 +638,15 @@ class _Driver:
             return self._after_results(fields, then)
         if fields.get("lookup") is not None:
             raise InvalidInput("lookup is only for a call its client left running (interrupted)")
-        executed = status == "executing"
+        executed = str(ticket.status) == "executing"
         outcome: Any = None
         error: BaseException | None = None
         if executed:
             outcome, error = _outcome(fields.get("result"), fields.get("error"))
-        inspect = _inspector(fields.get("evidence"))
         stop = self._guarded(
-            lambda: self.guard.after_tool(ticket, outcome, error=error, inspect=inspect)
+            lambda: self.seq.returned(ticket, outcome)
+            if error is None
+            else self.seq.raised(ticket, error)
         )
         entered = (self.clock.entered or {}).get(str(ticket.index))
         latency = None if entered is None else max(0.0, self.now - float(entered)) / 1000.0
@@ -644,9 +666,7 @@ class _Driver:
         return self._after_results(fields, then)
 
     def _after_results(self, fields: Mapping[str, Any], then: str | None) -> dict[str, Any]:
-        if then is None or any(
-            str(t.status) in ("admitted", "executing", "reusing") for t in self.guard.tickets
-        ):
+        if then is None or self.seq.next().next is not Next.WAIT:
             self._save()  # calls of this model call are still to come: nothing follows yet
             return self._answer()
         # The model call's last result, and what the client does next in the same request:
@@ -655,12 +675,13 @@ class _Driver:
         return self._wait(fields, model=then == "model")
 
     def _wait(self, fields: Mapping[str, Any], *, model: bool = False) -> dict[str, Any]:
-        if (stop := self._settled_first("a wait")) is not None:
+        if (stop := self._settled_first()) is not None:
             return self._stop(stop)
+        self.seq.check(Next.WAIT)
         if self.task.stop_requested_at is not None:
             # Heard now rather than after the wait: the next model call would refuse anyway.
-            return self._stop(self.guard.halt(State.CANCELLED, Reason.OPERATOR_STOP))
-        pause = self._guarded(self.guard.before_wait)
+            return self._stop(self.seq.halt(State.CANCELLED, Reason.OPERATOR_STOP))
+        pause = self._guarded(self.seq.pause)
         if isinstance(pause, Report):
             return self._stop(pause)
         if pause:
@@ -673,7 +694,7 @@ class _Driver:
     def _allow_model(self, fields: Mapping[str, Any], **answer: Any) -> dict[str, Any]:
         """Count the next model call (reserving ``reserve``), or stop."""
         reserve = _count(fields.get("reserve", 0), "reserve", MAX_AMOUNT)
-        stop = self.guard.before_model(reserve=reserve)
+        stop = self._guarded(lambda: self.seq.model(reserve=reserve))
         if stop is not None:
             return self._stop(stop)
         self.clock.model_at = self.now
@@ -681,11 +702,11 @@ class _Driver:
         return self._answer(**answer, allowed=True)
 
     def _finish(self, fields: Mapping[str, Any]) -> dict[str, Any]:
-        if (stop := self._settled_first("the finish")) is not None:
+        if (stop := self._settled_first()) is not None:
             return self._stop(stop)
+        self.seq.check(Next.PROPOSAL)
         finish = Finish(fields.get("answer"))
-        inspect = _inspector(fields.get("evidence"))
-        report = self._guarded(lambda: self.guard.finish(finish, inspect))
+        report = self._guarded(lambda: self.seq.proposed(finish))
         self.events.append(self._model_event(finish))
         return self._stop(report)
 
@@ -693,7 +714,7 @@ class _Driver:
         why = _text(fields.get("error"), "error") or "the model call failed"
         detail = f"planner: {why}"
         self.events.append(self._model_event(None, detail=detail))
-        return self._stop(self.guard.planner_failed(RuntimeError(why)))
+        return self._stop(self.seq.planner_failed(RuntimeError(why)))
 
     def _halt(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         try:
@@ -704,7 +725,7 @@ class _Driver:
         if reason not in HALT_REASONS or state is State.COMPLETED:
             raise InvalidInput(f"a client may not stop its task {state}/{reason}")
         detail = _text(fields.get("detail"), "detail")
-        return self._stop(self.guard.halt(state, reason, detail))
+        return self._stop(self.seq.halt(state, reason, detail))
 
     # -- calls a lost client left running ----------------------------------------------------
 
@@ -804,20 +825,14 @@ class _Driver:
                 ) from None
         self.tokens, self.cost = tokens, usage.get("cost")
 
-    def _settled_first(self, what: str) -> Report | None:
+    def _settled_first(self) -> Report | None:
         """Before a step that ends the model call's calls: the calls a lost client left
-        running are settled as interrupted (the stop, if one of them stops the task); a
-        call this client runs must have its result reported first."""
+        running are settled as interrupted (the stop, if one of them stops the task), before
+        the sequencer judges the step (:attr:`seq`)."""
         for index in self.clock.orphans:
             stop = self._interrupt(self._ticket(index), None, None)
             if stop is not None:
                 return stop
-        for ticket in self.guard.tickets:
-            if str(ticket.status) in _RUNNING:
-                raise _OutOfOrder(
-                    "step_out_of_order",
-                    f"report the result of call {ticket.index} ({ticket.call.tool}) before {what}",
-                )
         return None
 
     def _calls(self, raw: Any) -> list[Call]:
@@ -862,6 +877,7 @@ class _Driver:
             raise InvalidInput("ticket must be the number of an admitted call")
         for ticket in self.guard.tickets:
             if ticket.index == raw:
+                self.about = ticket
                 return ticket
         raise _OutOfOrder("unknown_call", f"the current model call has no call {raw}")
 
@@ -870,6 +886,8 @@ class _Driver:
         said in the protocol's words (the guard's name its Python methods)."""
         try:
             return step()
+        except OutOfOrder:
+            raise  # the sequencer's word (run says it in the protocol's)
         except ValueError as exc:
             if self.ledger.unavailable is not None:
                 raise DatabaseError(str(self.ledger.unavailable)) from self.ledger.unavailable
@@ -898,6 +916,10 @@ class _Driver:
         if "steps" in saved:
             saved["steps"]["batch"] = [_stored(raw) for raw in saved["steps"]["batch"]]
         clock = self.clock.to_dict(_wall_ms()) | {"lease": self.store.owner}
+        if "seq" in self.__dict__:  # asked in this step: where it stands now
+            clock["sequence"] = self.seq.position()
+        elif "waited" in self.position:
+            clock["sequence"] = dict(self.position)
         return {"phase": self.task.phase, "guard": saved, "attached": clock}
 
     def _history(self) -> dict[str, list[Any]]:
@@ -1026,6 +1048,29 @@ _IN_PROTOCOL_WORDS = {
         "a result step needs a ticket whose call step answered execute or reuse"
     ),
 }
+
+def _refusal(step: str, ticket: Ticket | None, refused: OutOfOrder) -> tuple[str, str]:
+    """The sequencer's refusal of a client's step as the protocol says it: its code (the
+    more specific ones for a result), and the step that was due."""
+    status = None if ticket is None else str(ticket.status)
+    if step == "result" and ticket is not None and status in ("admitted", "not_run"):
+        return "call_not_allowed", f"call {ticket.index} was never allowed to run"
+    if step == "result" and ticket is not None and status in ("ran", "reused"):
+        return "result_given", f"call {ticket.index} has its result already"
+    due = refused.expected
+    about = "" if due.ticket is None else f"call {due.ticket.index} ({due.ticket.call.tool})"
+    said = {
+        Next.MODEL: "send a model step first: every model call is allowed before its tools "
+        "or finish step",
+        Next.PROPOSAL: "the model call allowed last comes first: send its tools, finish or "
+        "failed step",
+        Next.ENTER: f"a call step for {about} is due first",
+        Next.RESULT: f"report the result of {about} first, with a result step",
+        Next.WAIT: "a wait step is due first: the model call's calls asked to wait",
+        Next.DONE: "the task has stopped",
+    }[due.next]
+    return "step_out_of_order", f"a {step} step does not fit here: {said}"
+
 
 _RUNNING = ("executing", "reusing")
 """A call's statuses while its client runs it (or reuses its stored result)."""
