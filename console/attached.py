@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 from django.conf import settings
@@ -49,7 +49,7 @@ from guard import (
     Settlement,
     State,
 )
-from guard.steps import RETRY_WAIT_MS, Action, Ticket, canonical_json
+from guard.steps import RETRY_WAIT_MS, Action, Next, OutOfOrder, Sequencer, Ticket, canonical_json
 
 from . import services, trace
 from .inputs import (
@@ -86,7 +86,6 @@ from .store import Answer, Step, StepStore, open_store
 PROTOCOL = 1
 """The protocol version this console speaks."""
 
-STEPS = ("model", "tools", "call", "result", "wait", "finish", "failed", "halt", "heartbeat")
 MAX_CALLS = 64
 # What one step may report, bounded where the database's columns are (a trace event's
 # tokens are a 32-bit integer; the task's counters 64-bit).
@@ -107,8 +106,10 @@ __all__ = [
     "HALT_REASONS",
     "MAX_CALLS",
     "PROTOCOL",
+    "PROTOCOL_STEPS",
     "STEPS",
     "ProtocolRefused",
+    "ProtocolStep",
     "attached_start",
     "attached_step",
     "body_hash",
@@ -222,12 +223,12 @@ def attached_step(
     fingerprint: str,
 ) -> dict[str, Any]:
     """Answer one step request of an attached task (see the module's docstring)."""
-    if step not in STEPS:
+    entry = PROTOCOL_STEPS.get(step)
+    if entry is None:
         raise InvalidInput(f"step must be one of {', '.join(STEPS)}")
     store = open_store(task_id, lease)
     with transaction.atomic():
-        # A heartbeat's answer is never stored (it changes nothing a retry could repeat).
-        opened = store.open_step(None if step == "heartbeat" else request_id)
+        opened = store.open_step(request_id if entry.kept else None)
         if opened is None:
             raise NotFound(f"there is no task {task_id}")
         task, prior = opened
@@ -243,8 +244,8 @@ def attached_step(
                     "request_id_reused", f"request {request_id} was another request of this task"
                 )
             return dict(prior.answer)
-        answer = _Answered(request_id, step, fingerprint)
-        return _step(task, store, step, fields, answer, actor)
+        answer = _Answered(request_id, step, fingerprint, entry.kept)
+        return _step(task, store, entry, fields, answer, actor)
 
 
 @dataclass(frozen=True)
@@ -254,11 +255,12 @@ class _Answered:
     request_id: str
     step: str
     body_hash: str
+    kept: bool = True
 
     def of(self, answer: dict[str, Any]) -> Answer | None:
         """``answer`` with its request id, as stored (a heartbeat's is not)."""
         answer["request_id"] = self.request_id
-        if self.step == "heartbeat":
+        if not self.kept:
             return None
         return Answer(self.request_id, self.step, self.body_hash, answer)
 
@@ -266,19 +268,19 @@ class _Answered:
 def _step(
     task: Task,
     store: StepStore,
-    step: str,
+    step: ProtocolStep,
     fields: Mapping[str, Any],
     answered: _Answered,
     actor: User,
 ) -> dict[str, Any]:
     if task.is_terminal:
-        if step == "result":
+        if step.name == "result":
             _settle_late(task, store.owner, fields)
         return _remembered(store, _stopped(task), answered)  # terminal is sticky
     # This request takes the lease (a new process after its predecessor vanished, or a
     # client whose lease ran out): the calls left running are interrupted (_Driver).
     handover = task.lease_owner != store.owner
-    if step != "heartbeat" and _fresh(task, store.owner):  # a heartbeat is there to renew it
+    if step.kept and _fresh(task, store.owner):  # a heartbeat is there to renew it
         store.go_on(task)  # renewed a moment ago: no statement for it this time
         return _Driver(task, store, actor=actor).run(step, fields, answered)
     taken = store.take_lease(lease_seconds())
@@ -465,28 +467,43 @@ class _Driver:
             self.clock = _Clock()
         self.settled: list[tuple[str, Settlement]] = []
         """Writes a client's lookup settled in this step, for the audit log (:meth:`run`)."""
+        this_phase = of_this_phase(task)
+        saved = (checkpoint.get("attached") or {}) if this_phase else {}
+        steps = ((checkpoint.get("guard") or {}).get("steps") or {}) if this_phase else {}
+        # The guard keeps whether a proposal is awaited; the pause asked is the driver's.
+        self.position = {"planning": bool(steps.get("planning", False))}
+        if "sequence" in saved:
+            self.position["waited"] = bool(saved["sequence"].get("waited"))
+        self.fields: Mapping[str, Any] = {}
+        self.about: Ticket | None = None
+        """The call the step names, once it is read (:meth:`_ticket`)."""
+
+    @cached_property
+    def seq(self) -> Sequencer:
+        """Where the task stands in the order of a step: the sequencer, restored from the
+        guard and the position saved with the checkpoint, judges the client's step. Made
+        when a step first asks, after the calls a lost client left are settled."""
+        inspect = _inspector(self.fields.get("evidence"))
+        return Sequencer.resume(
+            self.guard, self.guard.tickets, self.position, inspect=inspect, reports_reuse=True
+        )
 
     # -- the steps ---------------------------------------------------------------------------
 
-    def run(self, step: str, fields: Mapping[str, Any], answered: _Answered) -> dict[str, Any]:
+    def run(
+        self, step: ProtocolStep, fields: Mapping[str, Any], answered: _Answered
+    ) -> dict[str, Any]:
         """Answer ``step``; its save, made last, stores the answer with it."""
-        if step == "heartbeat":
-            stopping = self.task.stop_requested_at is not None
-            answer = self._answer(stop_requested=stopping, lease_seconds=lease_seconds())
-            if self.clock.orphans:
-                answer["interrupted"] = [self._interrupted(index) for index in self.clock.orphans]
-                if self.handover:
-                    self._save()  # the calls stay interrupted for this lease's next steps
-                    pending, self.pending = self.pending, None
-                    self.store.save(pending)  # type: ignore[arg-type]
-            answered.of(answer)
-            return answer
-        handler = getattr(self, f"_{step}")
+        self.fields = fields
         try:
-            self._charge(fields.get("usage"))
-            answer = handler(fields)
+            if step.kept:
+                self._charge(fields.get("usage"))
+            answer = step.handler(self, fields)
         except _OutOfOrder as exc:
             raise ProtocolRefused(exc.code, str(exc)) from None
+        except OutOfOrder as exc:
+            code, message = _refusal(step.name, self.about, exc)
+            raise ProtocolRefused(code, message) from None
         kept = answered.of(answer)
         pending, self.pending = self.pending, None
         if pending is not None:
@@ -495,11 +512,21 @@ class _Driver:
         elif kept is not None:
             self.store.remember(kept)
         self._audit_settled()
-        return answer  # type: ignore[no-any-return]
+        return answer
+
+    def _heartbeat(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        stopping = self.task.stop_requested_at is not None
+        answer = self._answer(stop_requested=stopping, lease_seconds=lease_seconds())
+        if self.clock.orphans:
+            answer["interrupted"] = [self._interrupted(index) for index in self.clock.orphans]
+            if self.handover:
+                self._save()  # the calls stay interrupted for this lease's next steps
+        return answer
 
     def _model(self, fields: Mapping[str, Any]) -> dict[str, Any]:
-        if (stop := self._settled_first("a model call")) is not None:
+        if (stop := self._settled_first()) is not None:
             return self._stop(stop)
+        self.seq.check(Next.MODEL)
         for ticket in self.guard.tickets:
             if ticket.status == "admitted":
                 # Admitted and never asked for (its framework dropped it: a person said no,
@@ -513,8 +540,9 @@ class _Driver:
         return self._allow_model(fields)
 
     def _tools(self, fields: Mapping[str, Any]) -> dict[str, Any]:
-        if (stop := self._settled_first("calls")) is not None:
+        if (stop := self._settled_first()) is not None:
             return self._stop(stop)
+        self.seq.check(Next.PROPOSAL)
         calls = self._calls(fields.get("calls"))
         enter = fields.get("enter", False)
         if not isinstance(enter, bool):
@@ -526,8 +554,8 @@ class _Driver:
         if self.task.stop_requested_at is not None:
             # Heard now rather than at each call's entry: none of them would run.
             self.events.append(model)
-            return self._stop(self.guard.halt(State.CANCELLED, Reason.OPERATOR_STOP))
-        admitted = self._guarded(lambda: self.guard.before_tools(proposal))
+            return self._stop(self.seq.halt(State.CANCELLED, Reason.OPERATOR_STOP))
+        admitted = self._guarded(lambda: self.seq.proposed(proposal, enter=enter))
         self.events.append(model)
         if isinstance(admitted, Report):
             self.events.append(trace.blocked_event(admitted))
@@ -557,17 +585,15 @@ class _Driver:
         return self._answer(admitted=tickets)
 
     def _call(self, fields: Mapping[str, Any]) -> dict[str, Any]:
-        ticket = self._ticket(fields.get("ticket"))
-        if ticket.status != "admitted":
-            raise _OutOfOrder("step_out_of_order", f"call {ticket.index} was decided already")
-        return self._enter(ticket)
+        return self._enter(self._ticket(fields.get("ticket")))
 
     def _enter(self, ticket: Ticket, **answer: Any) -> dict[str, Any]:
         """The executor's entry of an admitted call: execute (its claim made), reuse the
         stored result, or stop."""
+        self.seq.check(Next.ENTER, ticket)
         shown = preview(ticket.call.args)
         self.ledger.describe(ticket.call, shown)
-        decision = self._guarded(lambda: self.guard.before_tool(ticket))
+        decision = self._guarded(lambda: self.seq.enter(ticket))
         if decision.action is Action.STOP:
             report = decision.report
             if report is None:  # pragma: no cover - STOP always carries its report
@@ -587,18 +613,15 @@ class _Driver:
 
     def _result(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         ticket = self._ticket(fields.get("ticket"))
-        status = str(ticket.status)
-        if status in ("admitted", "not_run"):
-            raise _OutOfOrder("call_not_allowed", f"call {ticket.index} was never allowed to run")
-        if status in ("ran", "reused"):
-            raise _OutOfOrder("result_given", f"call {ticket.index} has its result already")
+        orphan = ticket.index in self.clock.orphans
+        if not orphan:  # a call a lost client left is settled by the driver (_interrupt)
+            self.seq.check(Next.RESULT, ticket)
         then = fields.get("then")
         if then is not None and then not in ("wait", "model"):
             raise InvalidInput('then must be "wait" or "model"')
         if then == "model":  # checked before the result moves anything (a 400 is final)
             _count(fields.get("reserve", 0), "reserve", MAX_AMOUNT)
         reported = fields.get("result") is not None or fields.get("error") is not None
-        orphan = ticket.index in self.clock.orphans
         if orphan and (not reported or ticket.call.effect == "write"):
             # Interrupted with its client: what the tool's lookup found, or nothing (lost).
             # Recovery has made a write UNKNOWN; only trusted evidence settles it now: a
@@ -615,14 +638,15 @@ class _Driver:
             return self._after_results(fields, then)
         if fields.get("lookup") is not None:
             raise InvalidInput("lookup is only for a call its client left running (interrupted)")
-        executed = status == "executing"
+        executed = str(ticket.status) == "executing"
         outcome: Any = None
         error: BaseException | None = None
         if executed:
             outcome, error = _outcome(fields.get("result"), fields.get("error"))
-        inspect = _inspector(fields.get("evidence"))
         stop = self._guarded(
-            lambda: self.guard.after_tool(ticket, outcome, error=error, inspect=inspect)
+            lambda: self.seq.returned(ticket, outcome)
+            if error is None
+            else self.seq.raised(ticket, error)
         )
         entered = (self.clock.entered or {}).get(str(ticket.index))
         latency = None if entered is None else max(0.0, self.now - float(entered)) / 1000.0
@@ -642,9 +666,7 @@ class _Driver:
         return self._after_results(fields, then)
 
     def _after_results(self, fields: Mapping[str, Any], then: str | None) -> dict[str, Any]:
-        if then is None or any(
-            str(t.status) in ("admitted", "executing", "reusing") for t in self.guard.tickets
-        ):
+        if then is None or self.seq.next().next is not Next.WAIT:
             self._save()  # calls of this model call are still to come: nothing follows yet
             return self._answer()
         # The model call's last result, and what the client does next in the same request:
@@ -653,12 +675,13 @@ class _Driver:
         return self._wait(fields, model=then == "model")
 
     def _wait(self, fields: Mapping[str, Any], *, model: bool = False) -> dict[str, Any]:
-        if (stop := self._settled_first("a wait")) is not None:
+        if (stop := self._settled_first()) is not None:
             return self._stop(stop)
+        self.seq.check(Next.WAIT)
         if self.task.stop_requested_at is not None:
             # Heard now rather than after the wait: the next model call would refuse anyway.
-            return self._stop(self.guard.halt(State.CANCELLED, Reason.OPERATOR_STOP))
-        pause = self._guarded(self.guard.before_wait)
+            return self._stop(self.seq.halt(State.CANCELLED, Reason.OPERATOR_STOP))
+        pause = self._guarded(self.seq.pause)
         if isinstance(pause, Report):
             return self._stop(pause)
         if pause:
@@ -671,7 +694,7 @@ class _Driver:
     def _allow_model(self, fields: Mapping[str, Any], **answer: Any) -> dict[str, Any]:
         """Count the next model call (reserving ``reserve``), or stop."""
         reserve = _count(fields.get("reserve", 0), "reserve", MAX_AMOUNT)
-        stop = self.guard.before_model(reserve=reserve)
+        stop = self._guarded(lambda: self.seq.model(reserve=reserve))
         if stop is not None:
             return self._stop(stop)
         self.clock.model_at = self.now
@@ -679,11 +702,11 @@ class _Driver:
         return self._answer(**answer, allowed=True)
 
     def _finish(self, fields: Mapping[str, Any]) -> dict[str, Any]:
-        if (stop := self._settled_first("the finish")) is not None:
+        if (stop := self._settled_first()) is not None:
             return self._stop(stop)
+        self.seq.check(Next.PROPOSAL)
         finish = Finish(fields.get("answer"))
-        inspect = _inspector(fields.get("evidence"))
-        report = self._guarded(lambda: self.guard.finish(finish, inspect))
+        report = self._guarded(lambda: self.seq.proposed(finish))
         self.events.append(self._model_event(finish))
         return self._stop(report)
 
@@ -691,7 +714,7 @@ class _Driver:
         why = _text(fields.get("error"), "error") or "the model call failed"
         detail = f"planner: {why}"
         self.events.append(self._model_event(None, detail=detail))
-        return self._stop(self.guard.planner_failed(RuntimeError(why)))
+        return self._stop(self.seq.planner_failed(RuntimeError(why)))
 
     def _halt(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         try:
@@ -702,7 +725,7 @@ class _Driver:
         if reason not in HALT_REASONS or state is State.COMPLETED:
             raise InvalidInput(f"a client may not stop its task {state}/{reason}")
         detail = _text(fields.get("detail"), "detail")
-        return self._stop(self.guard.halt(state, reason, detail))
+        return self._stop(self.seq.halt(state, reason, detail))
 
     # -- calls a lost client left running ----------------------------------------------------
 
@@ -802,20 +825,14 @@ class _Driver:
                 ) from None
         self.tokens, self.cost = tokens, usage.get("cost")
 
-    def _settled_first(self, what: str) -> Report | None:
+    def _settled_first(self) -> Report | None:
         """Before a step that ends the model call's calls: the calls a lost client left
-        running are settled as interrupted (the stop, if one of them stops the task); a
-        call this client runs must have its result reported first."""
+        running are settled as interrupted (the stop, if one of them stops the task), before
+        the sequencer judges the step (:attr:`seq`)."""
         for index in self.clock.orphans:
             stop = self._interrupt(self._ticket(index), None, None)
             if stop is not None:
                 return stop
-        for ticket in self.guard.tickets:
-            if str(ticket.status) in _RUNNING:
-                raise _OutOfOrder(
-                    "step_out_of_order",
-                    f"report the result of call {ticket.index} ({ticket.call.tool}) before {what}",
-                )
         return None
 
     def _calls(self, raw: Any) -> list[Call]:
@@ -860,6 +877,7 @@ class _Driver:
             raise InvalidInput("ticket must be the number of an admitted call")
         for ticket in self.guard.tickets:
             if ticket.index == raw:
+                self.about = ticket
                 return ticket
         raise _OutOfOrder("unknown_call", f"the current model call has no call {raw}")
 
@@ -868,6 +886,8 @@ class _Driver:
         said in the protocol's words (the guard's name its Python methods)."""
         try:
             return step()
+        except OutOfOrder:
+            raise  # the sequencer's word (run says it in the protocol's)
         except ValueError as exc:
             if self.ledger.unavailable is not None:
                 raise DatabaseError(str(self.ledger.unavailable)) from self.ledger.unavailable
@@ -896,6 +916,10 @@ class _Driver:
         if "steps" in saved:
             saved["steps"]["batch"] = [_stored(raw) for raw in saved["steps"]["batch"]]
         clock = self.clock.to_dict(_wall_ms()) | {"lease": self.store.owner}
+        if "seq" in self.__dict__:  # asked in this step: where it stands now
+            clock["sequence"] = self.seq.position()
+        elif "waited" in self.position:
+            clock["sequence"] = dict(self.position)
         return {"phase": self.task.phase, "guard": saved, "attached": clock}
 
     def _history(self) -> dict[str, list[Any]]:
@@ -942,6 +966,76 @@ class _Driver:
         return _answer(self.task, self.task.state, self.guard.remaining(), None) | fields
 
 
+@dataclass(frozen=True, slots=True)
+class ProtocolStep:
+    """One step of the protocol (docs/protocol.md): what answers it and what it carries.
+
+    ``takes`` and ``gives`` name the request fields it reads and the answer fields it may
+    give beyond every step's own, as :mod:`console.serializers` declares them (the request
+    and answer schemas, and so the OpenAPI document, are built from this table). A new
+    step is one entry here and its handler (and its row in docs/protocol.md)."""
+
+    name: str
+    handler: Callable[[_Driver, Mapping[str, Any]], dict[str, Any]]
+    takes: tuple[str, ...]
+    gives: tuple[str, ...]
+    summary: str
+    kept: bool = True
+    """Its answer is stored under its request id (a retry gets it again) and it charges the
+    ``usage`` it carries; a heartbeat's is not: it changes nothing a retry could repeat."""
+
+
+def _steps(*steps: ProtocolStep) -> dict[str, ProtocolStep]:
+    return {step.name: step for step in steps}
+
+
+PROTOCOL_STEPS: Mapping[str, ProtocolStep] = _steps(
+    ProtocolStep(
+        "model", _Driver._model, ("reserve",), ("allowed",),
+        "before a model call: allowed, or the stop report",
+    ),
+    ProtocolStep(
+        "tools", _Driver._tools, ("calls", "enter"), ("admitted", "nudge", "action", "result"),
+        "before the model call's calls: their tickets, a nudge for the model, or the stop",
+    ),
+    ProtocolStep(
+        "call", _Driver._call, ("ticket",), ("action", "result"),
+        "at a call's entry: execute it, reuse its stored result, or the stop",
+    ),
+    ProtocolStep(
+        "result", _Driver._result,
+        ("ticket", "result", "error", "lookup", "evidence", "then", "reserve"),
+        ("wait_ms", "allowed"),
+        "after a call: what it came to (with then, what wait and model answer too)",
+    ),
+    ProtocolStep(
+        "wait", _Driver._wait, (), ("wait_ms",),
+        "before waiting: how long to wait before the next model call",
+    ),
+    ProtocolStep(
+        "finish", _Driver._finish, ("answer", "evidence"), (),
+        "the model's final answer: the stop report, COMPLETED only if verified",
+    ),
+    ProtocolStep(
+        "failed", _Driver._failed, ("error",), (),
+        "the model call raised: the stop report, FAILED/planner_error",
+    ),
+    ProtocolStep(
+        "halt", _Driver._halt, ("state", "reason", "detail"), (),
+        "the client stops its task for a reason it found: the stop report",
+    ),
+    ProtocolStep(
+        "heartbeat", _Driver._heartbeat, (), ("stop_requested", "lease_seconds", "interrupted"),
+        "renew the lease (or take it, coming back): the calls a lost client left running",
+        kept=False,
+    ),
+)  # fmt: skip
+"""The protocol's steps by name, in the order docs/protocol.md lists them."""
+
+STEPS = tuple(PROTOCOL_STEPS)
+"""The steps' names."""
+
+
 # The guard's refusals of a step out of order, as a client of the protocol reads them.
 _IN_PROTOCOL_WORDS = {
     "each proposal needs its own before_model() first": (
@@ -954,6 +1048,29 @@ _IN_PROTOCOL_WORDS = {
         "a result step needs a ticket whose call step answered execute or reuse"
     ),
 }
+
+def _refusal(step: str, ticket: Ticket | None, refused: OutOfOrder) -> tuple[str, str]:
+    """The sequencer's refusal of a client's step as the protocol says it: its code (the
+    more specific ones for a result), and the step that was due."""
+    status = None if ticket is None else str(ticket.status)
+    if step == "result" and ticket is not None and status in ("admitted", "not_run"):
+        return "call_not_allowed", f"call {ticket.index} was never allowed to run"
+    if step == "result" and ticket is not None and status in ("ran", "reused"):
+        return "result_given", f"call {ticket.index} has its result already"
+    due = refused.expected
+    about = "" if due.ticket is None else f"call {due.ticket.index} ({due.ticket.call.tool})"
+    said = {
+        Next.MODEL: "send a model step first: every model call is allowed before its tools "
+        "or finish step",
+        Next.PROPOSAL: "the model call allowed last comes first: send its tools, finish or "
+        "failed step",
+        Next.ENTER: f"a call step for {about} is due first",
+        Next.RESULT: f"report the result of {about} first, with a result step",
+        Next.WAIT: "a wait step is due first: the model call's calls asked to wait",
+        Next.DONE: "the task has stopped",
+    }[due.next]
+    return "step_out_of_order", f"a {step} step does not fit here: {said}"
+
 
 _RUNNING = ("executing", "reusing")
 """A call's statuses while its client runs it (or reuses its stored result)."""

@@ -28,6 +28,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.converters import IntConverter
 
 from . import serializers as s
+from .attached import PROTOCOL_STEPS
 from .models import ApprovalState, TaskState
 from .roles import GRANTS, Capability
 from .selectors import WAITING
@@ -111,6 +112,25 @@ ANY_BODY = (ErrorCode.INVALID_BODY, ErrorCode.INVALID_INPUT, ErrorCode.BODY_TOO_
 # What an action on a task or an operation can meet besides.
 ANY_ACTION = (ErrorCode.NOT_FOUND, ErrorCode.STALE_STATE, ErrorCode.REFUSED)
 
+
+
+def _action(
+    operation_id: str, tag: str, summary: str, body: s.Body, description: str, *answers: Answer
+) -> Entry:
+    """A person's action on a task, an operation or an approval: a body, and what an action
+    can meet besides (ANY_ACTION)."""
+    return Entry(operation_id, tag, summary, description, answers, ANY_ACTION, body=body)
+
+
+def _answering(
+    operation_id: str, summary: str, description: str, answered: str, body: s.Body
+) -> Entry:
+    """An answer to a held call: answered once (a second answer is 409 stale_state)."""
+    once = " An approval is answered once: a second answer is 409 stale_state."
+    answer = Answer(200, answered, s.APPROVAL_ANSWER)
+    return _action(operation_id, "approvals", summary, body, description + once, answer)
+
+
 TIME_FILTER = {"type": "string", "description": "YYYY-MM-DDTHH:MM[:SS][±HH:MM]"}
 
 ENTRIES: Mapping[tuple[str, str], Entry] = {
@@ -168,13 +188,11 @@ ENTRIES: Mapping[tuple[str, str], Entry] = {
         errors=ANY_ACTION,
         body=s.STOP_TASK,
     ),
-    ("task-resume", "POST"): Entry(
-        "resumeTask", "tasks", "Approve a new phase",
+    ("task-resume", "POST"): _action(
+        "resumeTask", "tasks", "Approve a new phase", s.RESUME_TASK,
         "Refused while one of the task's writes is uncertain (reconcile first), and, when a "
         "budget ran out, without a grant of it. What was spent carries over.",
-        (Answer(200, "queued for its next phase", s.TASK_ANSWER),),
-        errors=ANY_ACTION,
-        body=s.RESUME_TASK,
+        Answer(200, "queued for its next phase", s.TASK_ANSWER),
     ),
     ("operations", "GET"): Entry(
         "listOperations", "operations", "The reconciliation queue",
@@ -182,13 +200,12 @@ ENTRIES: Mapping[tuple[str, str], Entry] = {
         "IN_FLIGHT ones whose driver's lease has expired.",
         (Answer(200, "the queue", s.OPERATION_LIST),),
     ),
-    ("operation-resolve", "POST"): Entry(
+    ("operation-resolve", "POST"): _action(
         "resolveOperation", "operations", "Mark an operation committed or not committed",
+        s.RESOLVE_OPERATION,
         "With the evidence checked in the business system. Only NOT_COMMITTED lets the "
         "write run again.",
-        (Answer(200, "settled", s.OPERATION_ANSWER),),
-        errors=ANY_ACTION,
-        body=s.RESOLVE_OPERATION,
+        Answer(200, "settled", s.OPERATION_ANSWER),
     ),
     ("approvals", "GET"): Entry(
         "listApprovals", "approvals", "Held calls",
@@ -211,23 +228,18 @@ ENTRIES: Mapping[tuple[str, str], Entry] = {
         (Answer(200, "the approval", s.APPROVAL),),
         errors=(ErrorCode.NOT_FOUND,),
     ),
-    ("approval-approve", "POST"): Entry(
-        "approveCall", "approvals", "Approve the held call",
+    ("approval-approve", "POST"): _answering(
+        "approveCall", "Approve the held call",
         "The task resumes in a new phase that runs exactly this call first, once, through "
-        "the ledger, without asking the model again; its budgets carry over. An approval is "
-        "answered once: a second answer is 409 stale_state.",
-        (Answer(200, "approved: the task is queued for its next phase", s.APPROVAL_ANSWER),),
-        errors=ANY_ACTION,
-        body=s.APPROVE_CALL,
+        "the ledger, without asking the model again; its budgets carry over.",
+        "approved: the task is queued for its next phase", s.APPROVE_CALL,
     ),
-    ("approval-reject", "POST"): Entry(
-        "rejectCall", "approvals", "Reject the held call",
+    ("approval-reject", "POST"): _answering(
+        "rejectCall", "Reject the held call",
         "The call never runs. With on_reject resume, the task goes on in a new phase whose "
         "model is told the call was refused and why; with end, the task ends "
-        "PARTIAL/approval_rejected. A second answer is 409 stale_state.",
-        (Answer(200, "rejected", s.APPROVAL_ANSWER),),
-        errors=ANY_ACTION,
-        body=s.REJECT_CALL,
+        "PARTIAL/approval_rejected.",
+        "rejected", s.REJECT_CALL,
     ),
     ("attached", "POST"): Entry(
         "attachTask", "attached", "Create an attached task",
@@ -245,11 +257,10 @@ ENTRIES: Mapping[tuple[str, str], Entry] = {
     ),
     ("attached-steps", "POST"): Entry(
         "attachedStep", "attached", "One step of an attached task",
-        "Before a model call (model), before its calls (tools), at a call's entry (call), "
-        "after it (result), before waiting (wait), at the end (finish, failed, halt), or "
-        "to renew the lease (heartbeat). A retried request (the same request_id and body) "
-        "gets the same answer and never claims twice; a stopped task answers every step "
-        "with its stop report.",
+        "A retried request (the same request_id and body) gets the same answer and never "
+        "claims twice; a stopped task answers every step with its stop report. A step out "
+        "of order is refused, naming the step that is due. The steps:\n\n"
+        + "\n".join(f"- `{step.name}`: {step.summary}" for step in PROTOCOL_STEPS.values()),
         (Answer(200, "what the guard decided", s.STEP_ANSWER),),
         errors=(
             ErrorCode.NOT_FOUND, ErrorCode.UNSUPPORTED_PROTOCOL, ErrorCode.NOT_ATTACHED,

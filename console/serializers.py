@@ -15,7 +15,7 @@ A new resource is one ``Shape`` here; a new endpoint then needs a view in
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from operator import attrgetter
 from typing import Any
@@ -24,6 +24,7 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 
 from . import selectors
+from .attached import PROTOCOL_STEPS, STEPS, ProtocolStep
 from .inputs import (
     KEPT_DEPTH,
     MAX_ANSWER_BYTES,
@@ -649,30 +650,22 @@ START_TASK = Body("StartTask", "A task to start.", (
     ),
 ))
 
-STOP_TASK = Body("StopTask", "Why the task must stop.", (
-    text_input("reason", "why, for the audit log (required)", required=True),
-))
+def _reasoned(name: str, description: str, *more: Field, why: str = "") -> Body:
+    """A person's action: why they take it (required, for the audit log), and ``more``."""
+    reason = f"why, for the audit log{why} (required)"
+    return Body(name, description, (text_input("reason", reason, required=True), *more))
 
-RESUME_TASK = Body("ResumeTask", "An approval of a new phase.", (
-    text_input("reason", "why, for the audit log (required)", required=True),
-    object_input(
-        "grant", "budget to add, by limit, e.g. {\"model_calls\": 5}; required when a "
-        "budget ran out",
-    ),
-))
 
-APPROVE_CALL = Body("ApproveCall", "A yes to the held call.", (
-    text_input("reason", "why, for the audit log (required)", required=True),
+STOP_TASK = _reasoned("StopTask", "Why the task must stop.")
+RESUME_TASK = _reasoned("ResumeTask", "An approval of a new phase.", object_input(
+    "grant", "budget to add, by limit, e.g. {\"model_calls\": 5}; required when a budget ran out",
 ))
-
-REJECT_CALL = Body("RejectCall", "A no to the held call.", (
-    text_input("reason", "why, for the audit log and for the model (required)", required=True),
-    choice_input(
-        "on_reject", OnReject.values,
-        "resume: the task goes on and its model is told the call was refused and why; "
-        "end: the task ends PARTIAL/approval_rejected (required)",
-    ),
-))
+APPROVE_CALL = _reasoned("ApproveCall", "A yes to the held call.")
+REJECT_CALL = _reasoned("RejectCall", "A no to the held call.", choice_input(
+    "on_reject", OnReject.values,
+    "resume: the task goes on and its model is told the call was refused and why; "
+    "end: the task ends PARTIAL/approval_rejected (required)",
+), why=" and for the model")
 
 RESOLVE_OPERATION = Body("ResolveOperation", "What the business system shows.", (
     flag_input(
@@ -735,6 +728,33 @@ class ProtocolVersion(InvalidInput):
     """The request speaks a version of the step protocol this console does not."""
 
 
+def _by_name(*fields: Field) -> dict[str, Field]:
+    return {field.name: field for field in fields}
+
+
+def _steps_named(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def _taken_by_steps(
+    fields: Mapping[str, Field], named: Callable[[ProtocolStep], tuple[str, ...]]
+) -> list[Field]:
+    """``fields`` in their order, each said of the steps that take (or give) it, as the
+    table of steps has it; a field no step names is left out, a name with no field fails
+    here, at import."""
+    steps: dict[str, list[str]] = {}
+    for step in PROTOCOL_STEPS.values():
+        for name in named(step):
+            if name not in fields:
+                raise LookupError(f"step {step.name} names {name!r}, which is not declared")
+            steps.setdefault(name, []).append(step.name)
+    return [
+        replace(field, description=f"{', '.join(steps[name])}: {field.description}")
+        for name, field in fields.items()
+        if name in steps
+    ]
+
+
 _PROTOCOL = Field(
     "protocol", {"type": "integer", "const": 1}, "the protocol's version: 1", _protocol_version
 )
@@ -762,45 +782,53 @@ ATTACH_TASK = Body("AttachTask", "An attached task to create, driven by the call
     ),
 ))
 
-STEP = Body("Step", "One step of an attached task (docs/protocol.md: each step's fields).", (
-    _PROTOCOL, _REQUEST_ID, _LEASE,
-    text_input(
-        "step", "model, tools, call, result, wait, finish, failed, halt or heartbeat", required=True
-    ),
-    object_input("usage", "what the model call since the last step spent: {tokens, cost}"),
-    any_input("reserve", "model: the call's maximum cost, reserved before it starts"),
-    any_input("calls", "tools: the model call's calls, [{tool, args, effect?, operation_key?}]"),
+# Each field a step takes (console.attached.PROTOCOL_STEPS says which steps take it; its
+# description is prefixed with their names).
+_STEP_FIELDS = _by_name(
+    any_input("reserve", "the model call's maximum cost, reserved before it starts"),
+    any_input("calls", "the model call's calls, [{tool, args, effect?, operation_key?}]"),
     any_input(
-        "enter", "tools, with exactly one call: the client runs it as soon as it hears, so the "
+        "enter", "with exactly one call: the client runs it as soon as it hears, so the "
         "answer decides its entry too (action, result), as a call step would",
     ),
-    any_input("ticket", "call, result: the number of an admitted call"),
+    any_input("ticket", "the number of an admitted call"),
     any_input(
-        "result", "result: what the tool returned, {kind, data?, wait_ms?, attempts?}; at most "
+        "result", "what the tool returned, {kind, data?, wait_ms?, attempts?}; at most "
         f"{KEPT_DEPTH} levels deep and {MAX_RESULT_BYTES // 1024} KiB as JSON",
         most_bytes=MAX_RESULT_BYTES,
     ),
-    any_input("error", "result: what the tool raised instead, {type, message, transient}"),
     any_input(
-        "lookup", "result, for a call a lost client left running (interrupted): what the "
-        "tool's trusted lookup by operation key found, {committed: true|false|null, result?, "
+        "error", "what the tool raised instead, {type, message, transient}; for failed, why "
+        "the model call failed, a string",
+    ),
+    any_input(
+        "lookup", "for a call a lost client left running (interrupted): what the tool's "
+        "trusted lookup by operation key found, {committed: true|false|null, result?, "
         "evidence}",
     ),
+    any_input("evidence", "the client's inspector's word, {revision, done, committed}"),
     any_input(
-        "evidence", "result, finish: the client's inspector's word, {revision, done, committed}"
-    ),
-    any_input(
-        "then", 'result: with the last result of a model call, "wait" (answer the wait too) or '
+        "then", 'with the last result of a model call, "wait" (answer the wait too) or '
         '"model" (and, when there is none, allow the next model call, reserving reserve)',
     ),
     any_input(
-        "answer", f"finish: the model's answer; at most {KEPT_DEPTH} levels deep and "
+        "answer", f"the model's answer; at most {KEPT_DEPTH} levels deep and "
         f"{MAX_ANSWER_BYTES // 1024} KiB as JSON",
         most_bytes=MAX_ANSWER_BYTES,
     ),
-    any_input("state", "halt: the terminal state"),
-    any_input("reason", "halt: the reason, in the guard's words"),
-    any_input("detail", "halt: more about it; failed: use error"),
+    any_input("state", "the terminal state"),
+    any_input("reason", "the reason, in the guard's words"),
+    any_input("detail", "more about it"),
+)
+
+STEP = Body("Step", "One step of an attached task (docs/protocol.md: each step's fields).", (
+    _PROTOCOL, _REQUEST_ID, _LEASE,
+    Field(
+        "step", {"type": "string", "enum": list(STEPS)}, f"one of {_steps_named(STEPS)}",
+        text_input("step", "").value,
+    ),
+    object_input("usage", "what the model call since the last step spent: {tokens, cost}"),
+    *_taken_by_steps(_STEP_FIELDS, lambda step: step.takes),
 ))
 
 _REMAINING = {"type": "object", "additionalProperties": nullable(INTEGER)}
@@ -828,26 +856,29 @@ ATTACHED = Shape("AttachedTask", "An attached task as its start left it.", (
     ),
 ))
 
+# Each field an answer may give beyond every step's own, prefixed like the request's.
+_ANSWER_FIELDS = _by_name(
+    _member("allowed", BOOLEAN, "the next model call may start"),
+    _member("admitted", {"type": "array", "items": OBJECT}, "the tickets of the admitted calls"),
+    _member("nudge", OBJECT, "nothing runs; show this message to the model"),
+    _member(
+        "action", one_of(["execute", "reuse"]),
+        "run the tool once, or reuse result (tools: with enter)",
+    ),
+    _member("result", nullable(OBJECT), "the stored result, with reuse"),
+    _member("wait_ms", {"type": "number"}, "milliseconds to wait before the next model call"),
+    _member("stop_requested", BOOLEAN, "an operator asked the task to stop"),
+    _member("lease_seconds", {"type": "number"}, "how long the lease now lasts"),
+    _member(
+        "interrupted", {"type": "array", "items": OBJECT},
+        "after another client (or this one, once its lease ran out) left calls running: each "
+        "call's ticket, tool, effect, operation_key and status, to report with a result step "
+        "(a lookup's answer for a write, or nothing: lost)",
+    ),
+)
+
 STEP_ANSWER = Shape("StepAnswer", "What one step decided (docs/protocol.md).", (
     *_STEP_COMMON,
     _member("request_id", STRING, "the request this answers", required=True),
-    _member("allowed", BOOLEAN, "model: the call may start"),
-    _member(
-        "admitted", {"type": "array", "items": OBJECT}, "tools: the tickets of the admitted calls"
-    ),
-    _member("nudge", OBJECT, "tools: nothing runs; show this message to the model"),
-    _member(
-        "action", one_of(["execute", "reuse"]),
-        "call, tools with enter: run the tool once, or reuse result",
-    ),
-    _member("result", nullable(OBJECT), "call or tools with enter, and reuse: the stored result"),
-    _member("wait_ms", {"type": "number"}, "wait: milliseconds to wait before the next model call"),
-    _member("stop_requested", BOOLEAN, "heartbeat: an operator asked the task to stop"),
-    _member("lease_seconds", {"type": "number"}, "heartbeat: how long the lease now lasts"),
-    _member(
-        "interrupted", {"type": "array", "items": OBJECT},
-        "heartbeat, after another client (or this one, once its lease ran out) left calls "
-        "running: each call's ticket, tool, effect, operation_key and status, to report with a "
-        "result step (a lookup's answer for a write, or nothing: lost)",
-    ),
+    *_taken_by_steps(_ANSWER_FIELDS, lambda step: step.gives),
 ))

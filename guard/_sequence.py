@@ -41,7 +41,7 @@ Three rules live here and nowhere else, so that every driver ends a loop the sam
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -107,18 +107,80 @@ class Sequencer:
     (``enter``, ``returned`` and ``raised`` take ``lookup=``).
     """
 
-    __slots__ = ("_batch", "_entered", "_guard", "_inspect", "_lookup", "_planning", "_waited")
+    __slots__ = (
+        "_batch", "_entered", "_guard", "_inspect", "_lookup", "_planning", "_reports_reuse",
+        "_waited",
+    )  # fmt: skip
 
     def __init__(
-        self, guard: StepGuard, *, inspect: Inspect | None = None, lookup: Lookup | None = None
+        self,
+        guard: StepGuard,
+        *,
+        inspect: Inspect | None = None,
+        lookup: Lookup | None = None,
+        reports_reuse: bool = False,
     ) -> None:
         self._guard = guard
         self._inspect = inspect
         self._lookup = lookup
+        # A host that reports a reused call itself (returned(ticket, None)): the console for
+        # an attached client, whose inspector's word comes with that report.
+        self._reports_reuse = reports_reuse
         self._planning = False  # a model call was admitted; its proposal is awaited
         self._batch: list[Ticket] = []  # the admitted calls of the current model call
         self._entered: set[Ticket] = set()  # executing, outcome not yet reported
         self._waited = True  # the pause after the batch was asked for (none is due)
+
+    @classmethod
+    def resume(
+        cls,
+        guard: StepGuard,
+        tickets: Iterable[Ticket],
+        position: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> Sequencer:
+        """A sequencer standing where an earlier one of the same task stood, for a host that
+        keeps the guard between requests (``Guard.restore``): ``tickets`` are the current
+        model call's admitted calls as the guard has them again (``Guard.tickets``), and
+        ``position`` what :meth:`position` said then (``None``: no proposal awaited, and the
+        pause due when there are tickets). An executing call (or, with ``reports_reuse``,
+        one reusing its result) waits for its outcome. ``options`` are the constructor's."""
+        seq = cls(guard, **options)
+        seq._batch = list(tickets)
+        waiting = (Status.EXECUTING, Status.REUSING) if seq._reports_reuse else (Status.EXECUTING,)
+        seq._entered = {ticket for ticket in seq._batch if ticket.status in waiting}
+        position = position or {}
+        seq._planning = bool(position.get("planning", False))
+        seq._waited = bool(position.get("waited", not seq._batch))
+        return seq
+
+    def position(self) -> dict[str, bool]:
+        """Where the host stands beyond what the guard keeps (JSON-ready, for :meth:`resume`):
+        a proposal awaited, and whether the pause after the last calls was asked."""
+        return {"planning": self._planning, "waited": self._waited}
+
+    def check(self, step: Next, ticket: Ticket | None = None) -> None:
+        """Raise :exc:`OutOfOrder` unless ``step`` (about ``ticket`` for ENTER and RESULT)
+        may come now; nothing moves. Each step checks the same before it moves anything; a
+        host with work of its own before the step (reading a request) asks here first."""
+        if step is Next.RESULT:
+            if ticket not in self._entered:
+                done = ticket is not None and ticket.status in (Status.RAN, Status.REUSED)
+                said = "has its outcome already" if done else "is not executing"
+                raise self._out_of_order(f"call {_index(ticket)} {said}")
+            return
+        if self._guard.report is not None:
+            return  # the step answers the stop report
+        if step is Next.MODEL or step is Next.WAIT:
+            for waiting in self._entered:
+                raise self._out_of_order(f"report the outcome of call {waiting.index} first")
+        elif step is Next.PROPOSAL:
+            if not self._planning:
+                raise self._out_of_order("a proposal needs its own model() first")
+        elif step is Next.ENTER and (
+            ticket is None or ticket not in self._batch or ticket.status is not Status.ADMITTED
+        ):
+            raise self._out_of_order(f"call {_index(ticket)} is not waiting for its entry")
 
     @property
     def guard(self) -> StepGuard:
@@ -152,13 +214,17 @@ class Sequencer:
     def model(self, *, reserve: int = 0) -> Report | None:
         """Ask for one model call (``reserve``: its maximum cost): ``None`` if it may
         happen, else the stop report. A call of the last batch that was never entered did
-        not run; one that is executing must be reported first."""
+        not run; one that is executing must be reported first. A host that did not ask
+        :meth:`pause` after the last calls has it asked here: the model call goes on unless
+        the pause stops the task (a wait past the deadline, a stop asked for)."""
         if (report := self._guard.report) is not None:
             return report
-        if self._entered:
-            raise self._out_of_order("report the outcome of every executing call first")
+        self.check(Next.MODEL)
         if not self._waited:
-            raise self._out_of_order("ask pause() after a model call's calls")
+            pause = self._guard.before_wait()  # a wait the host skipped is its own to answer
+            if isinstance(pause, Report):
+                return pause
+            self._waited = True
         stop = self._guard.before_model(reserve=reserve)
         self._batch = []
         self._planning = stop is None
@@ -172,8 +238,7 @@ class Sequencer:
         ``enter=True`` promises that the calls are entered at once, with nothing between
         (the guard's ``before_tools(enter=)``: a remote guard decides a single call's
         entry with its admission, in one request)."""
-        if not self._planning:
-            raise self._out_of_order("a proposal needs its own model() first")
+        self.check(Next.PROPOSAL)
         self._planning = False
         if isinstance(proposal, Finish):
             return self._guard.finish(proposal, self._inspect)
@@ -205,12 +270,13 @@ class Sequencer:
         decision's ``report`` is set if that stopped the task) or ``STOP``."""
         if (report := self._guard.report) is not None:  # a sibling of the call stopped it
             return Decision(Action.STOP, ticket, report=report)
-        if ticket not in self._batch or ticket.status is not Status.ADMITTED:
-            raise self._out_of_order(f"call {ticket.index} is not waiting for its entry")
+        self.check(Next.ENTER, ticket)
         lookup = lookup or self._lookup
         decision = self._guard.before_tool(ticket, lookup=lookup)
         if decision.action is Action.EXECUTE:
             self._entered.add(ticket)
+        elif decision.action is Action.REUSE and self._reports_reuse:
+            self._entered.add(ticket)  # its host reports it (returned(ticket, None))
         elif decision.action is Action.REUSE:
             stop = self._guard.after_tool(ticket, inspect=self._inspect, lookup=lookup)
             if stop is not None:
@@ -284,8 +350,7 @@ class Sequencer:
         to wait before the next model call (milliseconds, 0: none), or the stop report.
         Asked once per model call's calls; a host that asks before every model call (a
         framework hook) gets 0, or the report, when no wait is due."""
-        if self._entered:
-            raise self._out_of_order("report the outcome of every executing call first")
+        self.check(Next.WAIT)
         if self._waited:  # no calls since the last wait: nothing asked for one
             report = self._guard.report
             return 0 if report is None else report
@@ -316,8 +381,7 @@ class Sequencer:
     # -- internals -------------------------------------------------------------------------
 
     def _executing(self, ticket: Ticket) -> None:
-        if ticket not in self._entered:
-            raise self._out_of_order(f"call {ticket.index} is not executing")
+        self.check(Next.RESULT, ticket)
 
     def _charge(self, ticket: Ticket, error: str, attempts: int) -> None:
         """Report a read's failed attempts so far, every one charged as an execution."""
@@ -328,3 +392,7 @@ class Sequencer:
 
     def _out_of_order(self, message: str) -> OutOfOrder:
         return OutOfOrder(message, self.next())
+
+
+def _index(ticket: Ticket | None) -> str:
+    return "?" if ticket is None else str(ticket.index)
