@@ -414,13 +414,13 @@ class _Driver:
         )
         self.tools: dict[str, Tool] = {tool.name: tool for tool in self.agent.tools()}
         self.ledger = DatabaseLedger(store=store)
-        self.stop = _StopFact(task, store, heartbeat, self.ledger)
+        self.stop = _StopFact(task, store, heartbeat)
         self.price = price_of(type(self.agent).model_name())
         options: dict[str, Any] = {
             "now": _monotonic_ms,
             "wait": self.stop.wait,
             "ledger": self.ledger,
-            "cancel": self.stop,
+            "cancel": self.stop.asked,
             "nudge": self.agent.nudge,
             "tools": {name: tool.effect for name, tool in self.tools.items()},
             "transient": _transient,
@@ -745,7 +745,7 @@ class _Driver:
             # recovery settles what was in flight and resumes from the last checkpoint.
             failed = self.ledger.unavailable
             raise DatabaseError(f"the ledger failed ({failed}); left to recovery") from failed
-        if report.reason is Reason.OPERATOR_STOP and not self.store.stop_requested():
+        if report.reason is Reason.OPERATOR_STOP and not self.stop.asked(again=True):
             # The guard stopped because the stop fact could not be read, not because an
             # operator asked: record nothing and let recovery resume the task.
             raise DatabaseError("stopped on an unreadable stop fact; leaving it to recovery")
@@ -763,7 +763,7 @@ class _Driver:
     def _summary_turn(self) -> tuple[str | None, int]:
         """The summary turn's prompt and reservation, if the agent takes one after this stop
         (never after an operator asked to stop, whatever the stop's own reason)."""
-        if not self.agent.summary_turn or self.store.stop_requested():
+        if not self.agent.summary_turn or self.stop.asked(again=True):
             return None, 0
         try:
             reserve = self._reservation()
@@ -814,21 +814,22 @@ class _Driver:
 
 
 class _StopFact:
-    """The guard's cancel signal: the task's stop fact in the database, or a lost lease.
+    """Has this task been asked to stop? The runner's one place for its stop fact
+    (:meth:`asked`), which is also the guard's cancel signal.
 
-    The fact is read back by every save (:meth:`take`); when time has passed since (the
-    model thought, a tool ran), the driver :meth:`forget`\\ s it and it is asked again. If
-    the database cannot be asked, nothing may start: the answer is "stop", and the driver
-    leaves the task to recovery.
+    The fact is read back by every save (:meth:`take`, ``Saved.stop_requested``); when time
+    has passed since (the model thought, a tool ran), the driver :meth:`forget`\\ s it and
+    it is asked again. A lost lease (the heartbeat's) counts as a stop: this driver may not
+    start anything more. If the database cannot be asked, nothing may start: the answer is
+    "stop", and the driver leaves the task to recovery. A write's claim reads the fact in
+    its own statement and answers the guard itself (``ClaimStatus.STOPPING``): a stop
+    recorded after the last look is refused there, and the guard stops ``operator_stop``.
     """
 
-    def __init__(
-        self, task: Task, store: StepStore, heartbeat: _Heartbeat, ledger: DatabaseLedger
-    ) -> None:
+    def __init__(self, task: Task, store: StepStore, heartbeat: _Heartbeat) -> None:
         self.task_id = task.id
         self.store = store
         self.heartbeat = heartbeat
-        self.ledger = ledger
         self.seen: bool | None = task.stop_requested_at is not None
 
     def take(self, saved: Saved) -> None:
@@ -837,13 +838,22 @@ class _StopFact:
     def forget(self) -> None:
         self.seen = None
 
-    def __call__(self) -> bool:
-        if self.heartbeat.lost or self.ledger.stop_recorded:
+    def asked(self, *, again: bool = False) -> bool:
+        """Whether the task was asked to stop (or this driver lost its lease).
+
+        ``again``: ask the database now, whatever was seen, about the fact alone, as the
+        end of a drive records it; a fact that cannot be read raises ``DatabaseError`` then
+        (no verdict is recorded on it) instead of answering "stop"."""
+        if again:
+            self.seen = None
+        elif self.heartbeat.lost:
             return True
         if self.seen is None:
             try:
                 self.seen = self.store.stop_requested()
             except DatabaseError:
+                if again:
+                    raise
                 logger.exception("task %s: cannot read its stop fact", self.task_id)
                 return True
         return self.seen
@@ -854,7 +864,7 @@ class _StopFact:
         while True:
             self.seen = None
             left = end - time.monotonic()
-            if left <= 0 or self():
+            if left <= 0 or self.asked():
                 return
             time.sleep(min(left, STOP_POLL_S))
 

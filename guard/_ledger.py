@@ -32,6 +32,7 @@ class ClaimStatus(StrEnum):
     CONFLICT = "conflict"  # the key was used for different input
     IN_FLIGHT = "in_flight"  # someone is executing it right now
     UNKNOWN = "unknown"  # it may or may not have happened: a human must settle it
+    STOPPING = "stopping"  # the task's stop is recorded: nothing was claimed, nothing may run
 
 
 OPERATION_MOVES: dict[str, tuple[frozenset[OperationState | None], OperationState]] = {
@@ -123,10 +124,11 @@ class Operation(NamedTuple):
 
 
 class Claim(NamedTuple):
-    """What :meth:`Ledger.claim` decided, with the entry it decided on."""
+    """What :meth:`Ledger.claim` decided, with the entry it decided on (``None`` only with
+    ``STOPPING``: the claim was refused before the entry was looked at)."""
 
     status: ClaimStatus
-    operation: Operation
+    operation: Operation | None = None
 
 
 @runtime_checkable
@@ -135,6 +137,11 @@ class Ledger(Protocol):
 
     ``claim`` must be atomic across everything sharing the ledger: of any number of
     concurrent claims on a fresh key, exactly one gets ``CLAIMED``. Nothing is deleted.
+
+    A ledger that keeps its task's stop fact beside the entries (the console's) answers
+    ``STOPPING`` when the stop is recorded as the claim is decided, in the same atomic step:
+    a stop either precedes the claim and refuses it, or follows the execution the claim
+    allowed. The guard ends the task ``CANCELLED``/``operator_stop`` on that answer.
     """
 
     def get(self, key: str) -> Operation | None:
@@ -148,7 +155,8 @@ class Ledger(Protocol):
         """Take ``key`` for one execution of ``fingerprint``.
 
         A fresh key, or a ``NOT_COMMITTED`` one with the same fingerprint, becomes
-        ``IN_FLIGHT`` and is ``CLAIMED``. Otherwise the entry is left as it is.
+        ``IN_FLIGHT`` and is ``CLAIMED``. Otherwise the entry is left as it is: the answer
+        says why (``CLAIM_ANSWERS``, or ``STOPPING``).
         """
         ...
 

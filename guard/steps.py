@@ -36,7 +36,9 @@ that a trusted lookup proves did not happen, comes back ``RETRYABLE``
 
 A ledger implements :class:`guard.Ledger` with :class:`Claim`, :class:`ClaimStatus`,
 :class:`Operation` and :class:`LedgerError`, moves entries only as
-:data:`OPERATION_MOVES` allows and answers a claim as :data:`CLAIM_ANSWERS` says.
+:data:`OPERATION_MOVES` allows and answers a claim as :data:`CLAIM_ANSWERS` says; a ledger
+that keeps its task's stop fact answers ``ClaimStatus.STOPPING`` once the stop is recorded
+(seen in the claim's own atomic step), and the guard ends ``CANCELLED``/``operator_stop``.
 
 A call that ``needs_approval`` says a person must approve stops the task
 ``NEEDS_HUMAN``/``approval_required`` at the executor's entry, before its claim; the next
