@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from django.db import DatabaseError
 
 from guard import Call, OperationState, Result
-from guard.steps import Claim, ClaimStatus, LedgerError
+from guard.steps import SETTLE_MOVES, Claim, ClaimStatus, LedgerError
 from guard.steps import Operation as Entry
 
 from .redaction import preview, redact
@@ -118,17 +118,12 @@ class DatabaseLedger:
                 raise
 
     def resolve(
-        self,
-        key: str,
-        *,
-        committed: bool,
-        result: Result | None = None,
-        evidence: str = "",
+        self, key: str, *, committed: bool, result: Result | None = None, evidence: str = ""
     ) -> Entry:
         self._flush()
-        move = "settle_committed" if committed else "settle_not_committed"
         stored = redact(result.to_dict()) if committed and result is not None else None
         with self._watch():
+            move = SETTLE_MOVES[committed]
             return self.store.resolve(key, move, result=stored, evidence=evidence)
 
     # -- helpers ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from ._values import OperationState, Result
 __all__ = [
     "CLAIM_ANSWERS",
     "OPERATION_MOVES",
+    "SETTLE_MOVES",
     "UNSETTLED",
     "Claim",
     "ClaimStatus",
@@ -73,6 +74,11 @@ CLAIM_ANSWERS: Mapping[OperationState | None, ClaimStatus] = MappingProxyType(
 entry is of the claim's own fingerprint (another fingerprint is ``CONFLICT`` in any state):
 ``CLAIMED`` from every state ``OPERATION_MOVES["claim"]`` may leave, else why not. Every
 ledger answers by this table."""
+
+SETTLE_MOVES: Mapping[bool, str] = MappingProxyType(
+    {True: "settle_committed", False: "settle_not_committed"}
+)
+"""The move trusted evidence makes, by what it says: committed or not (``resolve``)."""
 
 UNSETTLED = OPERATION_MOVES["settle_committed"][0] | OPERATION_MOVES["settle_not_committed"][0]
 """The states trusted evidence settles: the entry may or may not have happened, and the
@@ -169,12 +175,7 @@ class Ledger(Protocol):
         ...
 
     def resolve(
-        self,
-        key: str,
-        *,
-        committed: bool,
-        result: Result | None = None,
-        evidence: str = "",
+        self, key: str, *, committed: bool, result: Result | None = None, evidence: str = ""
     ) -> Operation:
         """Settle an ``IN_FLIGHT`` or ``UNKNOWN`` entry from trusted evidence."""
         ...
@@ -228,17 +229,12 @@ class InMemoryLedger:
         return self._move(key, fingerprint, "lose")
 
     def resolve(
-        self,
-        key: str,
-        *,
-        committed: bool,
-        result: Result | None = None,
-        evidence: str = "",
+        self, key: str, *, committed: bool, result: Result | None = None, evidence: str = ""
     ) -> Operation:
         """``IN_FLIGHT``/``UNKNOWN`` → ``COMMITTED`` or ``NOT_COMMITTED``
-        (``OPERATION_MOVES["settle_committed"]`` or ``["settle_not_committed"]``)."""
-        move = "settle_committed" if committed else "settle_not_committed"
-        return self._move(key, None, move, result=result if committed else None, evidence=evidence)
+        (``OPERATION_MOVES[SETTLE_MOVES[committed]]``)."""
+        kept = result if committed else None
+        return self._move(key, None, SETTLE_MOVES[committed], result=kept, evidence=evidence)
 
     def operations(self) -> list[Operation]:
         """Every entry, in the order the keys were first claimed."""

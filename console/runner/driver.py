@@ -259,13 +259,8 @@ class _Driver:
         prompt, reserve = self.model.summary_turn(observation)
         # The summary turn's reservation is stored with the stop, in its transaction: it is
         # spent before the call goes out, and a resumption meanwhile cannot lose it.
-        usage = self.guard.usage if prompt is not None else None
-        self.store.finish(
-            report,
-            checkpoint=self.saves.checkpoint(),
-            usage=usage,
-            summary_due=prompt is not None,
-        )
+        summary = self.guard.usage if prompt is not None else None
+        self.store.finish(report, checkpoint=self.saves.checkpoint(), summary=summary)
         if prompt is not None:
             self.model.summarise(prompt, reserve, observation)
         return f"{report.state}/{report.reason}"

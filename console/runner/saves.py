@@ -4,6 +4,7 @@ conditional on the lease (:class:`Saves`), and the checkpoint a restart resumes 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -26,6 +27,7 @@ NEXT_STEP = (1, 1, 1)  # the next model call, one request and its execution
 __all__ = ["NEXT_CALL", "NEXT_STEP", "NOTHING", "Saves", "checkpoint_of", "decode"]
 
 
+@dataclass(eq=False)
 class Saves:
     """What is saved, and when (each a short transaction conditional on the lease):
 
@@ -58,31 +60,19 @@ class Saves:
     model-planned agent answers its calls from it), in a new phase too.
     """
 
-    def __init__(
-        self,
-        phase: int,
-        store: StepStore,
-        ledger: DatabaseLedger,
-        guard: Guard,
-        agent: Agent,
-        stop: StopFact,
-        *,
-        observation: Any,
-        gated: bool,
-    ) -> None:
-        self.phase = phase
-        self.store = store
-        self.ledger = ledger
-        self.guard = guard
-        self.agent = agent
-        self.stop = stop
-        self.observation = observation
-        # The guard may hold a write for approval before its claim (which reads the stop
-        # fact): then the stop fact must be read again before the call, to be named.
-        self.gated = gated
-        self.pending: list[dict[str, Any]] = []  # events waiting for the next save
-        self.carried: Step | None = None  # the step so far, riding on the next claim
-        self.one_ahead = False  # the row counts the next model call, request, execution
+    phase: int
+    store: StepStore
+    ledger: DatabaseLedger
+    guard: Guard
+    agent: Agent
+    stop: StopFact
+    observation: Any
+    # The guard may hold a write for approval before its claim (which reads the stop
+    # fact): then the stop fact must be read again before the call, to be named.
+    gated: bool
+    pending: list[dict[str, Any]] = field(default_factory=list)  # waiting for the next save
+    carried: Step | None = None  # the step so far, riding on the next claim
+    one_ahead: bool = False  # the row counts the next model call, request, execution
 
     def save(
         self,

@@ -4,7 +4,7 @@ recorded and saved (:class:`ToolStep`)."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db import InterfaceError, OperationalError
@@ -23,30 +23,21 @@ from .watch import StopFact
 __all__ = ["ToolStep", "transient"]
 
 
+@dataclass(eq=False)
 class ToolStep:
     """One admitted call of the agent's ``tools``: its entry decided by the sequencer (a
     write's claim, which reads the stop fact in its own statement), the tool run only on
     ``EXECUTE``, its outcome settled and saved with the write's record."""
 
-    def __init__(
-        self,
-        guard: Guard,
-        seq: Sequencer,
-        agent: Agent,
-        tools: dict[str, Tool],
-        ledger: DatabaseLedger,
-        saves: Saves,
-        stop: StopFact,
-    ) -> None:
-        self.guard = guard
-        self.seq = seq
-        self.agent = agent
-        self.tools = tools
-        self.ledger = ledger
-        self.saves = saves
-        self.stop = stop
-        self.args_preview = ""  # the redacted arguments of the call in progress
-        self.approving = False  # the approved call is about to run: checkpoint it first
+    guard: Guard
+    seq: Sequencer
+    agent: Agent
+    tools: dict[str, Tool]
+    ledger: DatabaseLedger
+    saves: Saves
+    stop: StopFact
+    args_preview: str = ""  # the redacted arguments of the call in progress
+    approving: bool = False  # the approved call is about to run: checkpoint it first
 
     def run(
         self, ticket: Ticket, results: list[Result], *, last: bool, batch: bool

@@ -173,15 +173,11 @@ class StepStore(Protocol):
         ...
 
     def finish(
-        self,
-        report: Report,
-        *,
-        checkpoint: Mapping[str, Any] | None,
-        usage: Usage | None = None,
-        summary_due: bool = False,
+        self, report: Report, *, checkpoint: Mapping[str, Any] | None, summary: Usage | None = None
     ) -> None:
-        """Record the guard's stop as the task's terminal state (``lifecycle.finish_drive``),
-        with ``usage`` when more was spent since the report (a summary turn's reservation)."""
+        """Record the guard's stop as the task's terminal state (``lifecycle.finish_drive``);
+        ``summary``: a summary turn follows, and the task has spent this (its reservation
+        included) by then."""
         ...
 
     def history(self, phase: int) -> dict[str, list[Any]]:
