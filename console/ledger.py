@@ -16,11 +16,11 @@ from contextlib import contextmanager
 from django.db import DatabaseError
 
 from guard import Call, OperationState, Result
-from guard.steps import Claim, ClaimStatus, LedgerError
+from guard.steps import SETTLE_MOVES, Claim, ClaimStatus, LedgerError
 from guard.steps import Operation as Entry
 
 from .redaction import preview, redact
-from .store import Record, Step, StepStore, StopRecorded, open_store
+from .store import Record, Step, StepStore, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +29,8 @@ __all__ = ["DatabaseLedger"]
 
 class DatabaseLedger:
     """:class:`guard.Ledger` over ``store`` (by default the database's step store of
-    ``task_id`` driven by ``owner``): claims are refused once the task's stop is recorded
-    or its lease has passed to another driver.
+    ``task_id`` driven by ``owner``): a claim answers ``STOPPING`` once the task's stop is
+    recorded, and raises ``LeaseLost`` once its lease has passed to another driver.
     """
 
     def __init__(
@@ -39,8 +39,6 @@ class DatabaseLedger:
         self.store = store if store is not None else open_store(task_id, owner)
         self.unavailable: DatabaseError | None = None
         """The last database failure: the driver must not turn it into a verdict."""
-        self.stop_recorded = False
-        """A claim found the task's stop recorded (and claimed nothing)."""
         self.carry: Step | None = None
         """The driver's step so far, saved with the next claim (``Step.saved`` says so)."""
         self.defer = False
@@ -88,12 +86,8 @@ class DatabaseLedger:
         tool, args = self._described.get(key, ("", ""))
         carry, self.carry = self.carry, None  # sent once, whatever happens
         with self._watch():
-            try:
-                claim = self.store.claim(key, fingerprint, tool=tool, args=args, carry=carry)
-            except StopRecorded:
-                self.stop_recorded = True
-                raise
-        if claim.status is ClaimStatus.CLAIMED:
+            claim = self.store.claim(key, fingerprint, tool=tool, args=args, carry=carry)
+        if claim.status is ClaimStatus.CLAIMED and claim.operation is not None:
             self._claimed = {key: (claim.operation.attempts, claim.operation.evidence)}
         return claim
 
@@ -124,17 +118,12 @@ class DatabaseLedger:
                 raise
 
     def resolve(
-        self,
-        key: str,
-        *,
-        committed: bool,
-        result: Result | None = None,
-        evidence: str = "",
+        self, key: str, *, committed: bool, result: Result | None = None, evidence: str = ""
     ) -> Entry:
         self._flush()
-        move = "settle_committed" if committed else "settle_not_committed"
         stored = redact(result.to_dict()) if committed and result is not None else None
         with self._watch():
+            move = SETTLE_MOVES[committed]
             return self.store.resolve(key, move, result=stored, evidence=evidence)
 
     # -- helpers ---------------------------------------------------------------------------

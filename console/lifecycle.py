@@ -36,7 +36,7 @@ from django.utils import timezone
 
 from guard import Guard, Kind, Limits, Reason, Report, Result, State, Usage
 from guard import OperationState as EntryState
-from guard.steps import DIMENSIONS, OPERATION_MOVES
+from guard.steps import DIMENSIONS, OPERATION_MOVES, SETTLE_MOVES
 from guard.steps import Operation as Entry
 
 from .models import (
@@ -68,7 +68,7 @@ logger = logging.getLogger(__name__)
 _LOSE_FROM = OPERATION_MOVES["lose"][0]
 # The moves made from trusted evidence: the evidence is kept on the row, not only in its
 # history.
-_EVIDENCED = frozenset({"settle_committed", "settle_not_committed"})
+_EVIDENCED = frozenset(SETTLE_MOVES.values())
 
 
 class LostRace(RuntimeError):
@@ -390,13 +390,12 @@ def finish_drive(
     report: Report,
     *,
     checkpoint: Any = None,
-    usage: Usage | None = None,
-    summary_due: bool = False,
+    summary: Usage | None = None,
 ) -> None:
     """A driver records the guard's stop (``RUNNING`` → the report's state) while it holds
-    the lease; :class:`LostRace` if it does not any more. ``usage`` is what the task has
-    spent when it is more than the report's (a summary turn's reservation); with
-    ``summary_due`` the stored report says a summary turn follows (the page waits for it)."""
+    the lease; :class:`LostRace` if it does not any more. With ``summary`` a summary turn
+    follows: the stored report says so (the page waits for it), and the counters are what
+    the task has spent by then (more than the report's: the turn's reservation)."""
     task = (
         Task.objects.select_for_update()
         .filter(id=task_id, lease_owner=owner, state=TaskState.RUNNING)
@@ -407,7 +406,7 @@ def finish_drive(
     stored = report.to_dict()
     if report.reason is Reason.OPERATOR_STOP and not report.detail:
         stored["detail"] = operator_stop_detail(task)
-    if summary_due:
+    if summary is not None:
         stored["summary_due"] = True
     finish_task(
         task,
@@ -415,7 +414,7 @@ def finish_drive(
         report.reason.value,
         stored,
         detail=stored["detail"],
-        counters=counters_of(usage or report.usage, report.revision),
+        counters=counters_of(summary or report.usage, report.revision),
         checkpoint=checkpoint,
         owner=owner,
     )
@@ -608,7 +607,7 @@ def settle_by_lookup(op: Operation, found: Mapping[str, Any] | None, *, task: Ta
     result = found.get("result") if committed else None
     if committed and not isinstance(result, Mapping):
         result = Result(Kind.SUCCESS).to_dict()
-    move = "settle_committed" if committed else "settle_not_committed"
+    move = SETTLE_MOVES[committed]
     before = op.state
     try:
         operation_move(op, move, task_id=task.id, actor=actor, evidence=evidence, result=result)

@@ -14,6 +14,7 @@ from ._values import OperationState, Result
 __all__ = [
     "CLAIM_ANSWERS",
     "OPERATION_MOVES",
+    "SETTLE_MOVES",
     "UNSETTLED",
     "Claim",
     "ClaimStatus",
@@ -32,6 +33,7 @@ class ClaimStatus(StrEnum):
     CONFLICT = "conflict"  # the key was used for different input
     IN_FLIGHT = "in_flight"  # someone is executing it right now
     UNKNOWN = "unknown"  # it may or may not have happened: a human must settle it
+    STOPPING = "stopping"  # the task's stop is recorded: nothing was claimed, nothing may run
 
 
 OPERATION_MOVES: dict[str, tuple[frozenset[OperationState | None], OperationState]] = {
@@ -72,6 +74,11 @@ CLAIM_ANSWERS: Mapping[OperationState | None, ClaimStatus] = MappingProxyType(
 entry is of the claim's own fingerprint (another fingerprint is ``CONFLICT`` in any state):
 ``CLAIMED`` from every state ``OPERATION_MOVES["claim"]`` may leave, else why not. Every
 ledger answers by this table."""
+
+SETTLE_MOVES: Mapping[bool, str] = MappingProxyType(
+    {True: "settle_committed", False: "settle_not_committed"}
+)
+"""The move trusted evidence makes, by what it says: committed or not (``resolve``)."""
 
 UNSETTLED = OPERATION_MOVES["settle_committed"][0] | OPERATION_MOVES["settle_not_committed"][0]
 """The states trusted evidence settles: the entry may or may not have happened, and the
@@ -123,10 +130,11 @@ class Operation(NamedTuple):
 
 
 class Claim(NamedTuple):
-    """What :meth:`Ledger.claim` decided, with the entry it decided on."""
+    """What :meth:`Ledger.claim` decided, with the entry it decided on (``None`` only with
+    ``STOPPING``: the claim was refused before the entry was looked at)."""
 
     status: ClaimStatus
-    operation: Operation
+    operation: Operation | None = None
 
 
 @runtime_checkable
@@ -135,6 +143,11 @@ class Ledger(Protocol):
 
     ``claim`` must be atomic across everything sharing the ledger: of any number of
     concurrent claims on a fresh key, exactly one gets ``CLAIMED``. Nothing is deleted.
+
+    A ledger that keeps its task's stop fact beside the entries (the console's) answers
+    ``STOPPING`` when the stop is recorded as the claim is decided, in the same atomic step:
+    a stop either precedes the claim and refuses it, or follows the execution the claim
+    allowed. The guard ends the task ``CANCELLED``/``operator_stop`` on that answer.
     """
 
     def get(self, key: str) -> Operation | None:
@@ -148,7 +161,8 @@ class Ledger(Protocol):
         """Take ``key`` for one execution of ``fingerprint``.
 
         A fresh key, or a ``NOT_COMMITTED`` one with the same fingerprint, becomes
-        ``IN_FLIGHT`` and is ``CLAIMED``. Otherwise the entry is left as it is.
+        ``IN_FLIGHT`` and is ``CLAIMED``. Otherwise the entry is left as it is: the answer
+        says why (``CLAIM_ANSWERS``, or ``STOPPING``).
         """
         ...
 
@@ -161,12 +175,7 @@ class Ledger(Protocol):
         ...
 
     def resolve(
-        self,
-        key: str,
-        *,
-        committed: bool,
-        result: Result | None = None,
-        evidence: str = "",
+        self, key: str, *, committed: bool, result: Result | None = None, evidence: str = ""
     ) -> Operation:
         """Settle an ``IN_FLIGHT`` or ``UNKNOWN`` entry from trusted evidence."""
         ...
@@ -220,17 +229,12 @@ class InMemoryLedger:
         return self._move(key, fingerprint, "lose")
 
     def resolve(
-        self,
-        key: str,
-        *,
-        committed: bool,
-        result: Result | None = None,
-        evidence: str = "",
+        self, key: str, *, committed: bool, result: Result | None = None, evidence: str = ""
     ) -> Operation:
         """``IN_FLIGHT``/``UNKNOWN`` → ``COMMITTED`` or ``NOT_COMMITTED``
-        (``OPERATION_MOVES["settle_committed"]`` or ``["settle_not_committed"]``)."""
-        move = "settle_committed" if committed else "settle_not_committed"
-        return self._move(key, None, move, result=result if committed else None, evidence=evidence)
+        (``OPERATION_MOVES[SETTLE_MOVES[committed]]``)."""
+        kept = result if committed else None
+        return self._move(key, None, SETTLE_MOVES[committed], result=kept, evidence=evidence)
 
     def operations(self) -> list[Operation]:
         """Every entry, in the order the keys were first claimed."""

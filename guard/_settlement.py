@@ -31,6 +31,8 @@ _CANCELLED = Refusal(State.CANCELLED, Reason.OPERATOR_STOP)
 _CLAIM_STOPS = {
     ClaimStatus.CONFLICT: _CONFLICT,
     ClaimStatus.UNKNOWN: _UNKNOWN,
+    # The ledger found the task's stop recorded as it decided: nothing was claimed.
+    ClaimStatus.STOPPING: _CANCELLED,
 }
 IN_FLIGHT_WAIT_MS = 1000
 """How long a write waits before asking again for an operation another execution holds."""
@@ -116,14 +118,13 @@ class SettlementStep:
                 return entry
             claim = self.ledger.claim(key, fp)
         except Exception as exc:
-            if self._cancel.requested():
-                # A ledger may refuse the claim because the stop was recorded in the same
-                # transaction: that is a cancellation, and nothing was claimed.
-                return _CANCELLED
             return Refusal(State.FAILED, Reason.EXECUTOR_ERROR, f"ledger: {exc!r}")
+        if claim.status is ClaimStatus.STOPPING:
+            self._cancel.set()  # the stop the ledger saw stands for every later check too
+            return _CLAIM_STOPS[claim.status]
         self.touched[key] = None
         if claim.status is ClaimStatus.COMMITTED:
-            return claim.operation
+            return present(claim.operation)
         if claim.status is ClaimStatus.IN_FLIGHT:
             return in_flight_elsewhere(key)
         if claim.status is not ClaimStatus.CLAIMED:

@@ -36,7 +36,10 @@ that a trusted lookup proves did not happen, comes back ``RETRYABLE``
 
 A ledger implements :class:`guard.Ledger` with :class:`Claim`, :class:`ClaimStatus`,
 :class:`Operation` and :class:`LedgerError`, moves entries only as
-:data:`OPERATION_MOVES` allows and answers a claim as :data:`CLAIM_ANSWERS` says.
+:data:`OPERATION_MOVES` allows (trusted evidence by :data:`SETTLE_MOVES`) and answers a
+claim as :data:`CLAIM_ANSWERS` says; a ledger
+that keeps its task's stop fact answers ``ClaimStatus.STOPPING`` once the stop is recorded
+(seen in the claim's own atomic step), and the guard ends ``CANCELLED``/``operator_stop``.
 
 A call that ``needs_approval`` says a person must approve stops the task
 ``NEEDS_HUMAN``/``approval_required`` at the executor's entry, before its claim; the next
@@ -59,7 +62,15 @@ A host with no trusted inspector passes ``inspect=None`` to ``after_tool`` and `
 from ._checkpoint import CHECKPOINT_VERSION, HISTORY
 from ._checks import transient_error
 from ._fingerprint import BadArguments, canonical_json, fingerprint
-from ._ledger import CLAIM_ANSWERS, OPERATION_MOVES, Claim, ClaimStatus, LedgerError, Operation
+from ._ledger import (
+    CLAIM_ANSWERS,
+    OPERATION_MOVES,
+    SETTLE_MOVES,
+    Claim,
+    ClaimStatus,
+    LedgerError,
+    Operation,
+)
 from ._protocol import StepGuard
 from ._report import COMPLETED_KEPT, RESUME_CONDITIONS, SUMMARY_REASONS
 from ._sequence import ENDED_WITHOUT_ANSWER, Next, OutOfOrder, Sequencer, Step
@@ -78,6 +89,7 @@ __all__ = [
     "OPERATION_MOVES",
     "RESUME_CONDITIONS",
     "RETRY_WAIT_MS",
+    "SETTLE_MOVES",
     "SUMMARY_REASONS",
     "Action",
     "BadArguments",

@@ -3,10 +3,11 @@
 A driver (the hosted runner today, the attached-agent API next) holds a task's lease and
 hands the store *values*: the step to save (:class:`Step`), the write's record to make
 with it (:class:`Record`), the claim to take. The store answers with values (:class:`Saved`,
-:class:`Claimed`, ``guard.steps.Operation``) or raises :class:`StopRecorded` /
-:class:`LeaseLost`. Each implementation owns all of its SQL: ``postgresql`` combines its
-statements (a claim carrying the step's save as its gate, a save carrying the record),
-``sqlite`` runs the same in one IMMEDIATE transaction. No SQL text leaves its module.
+``guard.steps.Claim``, ``guard.steps.Operation``), the task's stop fact among them (a save's
+``Saved.stop_requested``, a claim's ``ClaimStatus.STOPPING``), or raises :class:`LeaseLost`.
+Each implementation owns all of its SQL: ``postgresql`` combines its statements (a claim
+carrying the step's save as its gate, a save carrying the record), ``sqlite`` runs the same
+in one IMMEDIATE transaction. No SQL text leaves its module.
 
 Nothing here assumes a Celery worker or a heartbeat thread: a lease is an owner and an
 expiry, taken with :meth:`StepStore.take_lease` and renewed with
@@ -27,10 +28,6 @@ from guard.steps import Claim, LedgerError, Operation
 
 from ..lifecycle import LostRace
 from ..models import Task
-
-
-class StopRecorded(RuntimeError):
-    """The task's stop is recorded: no new claim may be taken for it."""
 
 
 class LeaseLost(LostRace):
@@ -150,8 +147,9 @@ class StepStore(Protocol):
         self, key: str, fingerprint: str, *, tool: str, args: str, carry: Step | None = None
     ) -> Claim:
         """Claim ``key`` for one execution (see ``guard.Ledger.claim``), gated by the stop
-        fact and the lease in the claim's own transaction; ``carry``: the step's save,
-        committed with the claim (also when the stop then refuses the claim)."""
+        fact and the lease in the claim's own transaction: ``ClaimStatus.STOPPING`` (nothing
+        claimed) once the stop is recorded; ``carry``: the step's save, committed with the
+        claim (also when the stop then refuses the claim)."""
         ...
 
     def settle(
@@ -175,15 +173,11 @@ class StepStore(Protocol):
         ...
 
     def finish(
-        self,
-        report: Report,
-        *,
-        checkpoint: Mapping[str, Any] | None,
-        usage: Usage | None = None,
-        summary_due: bool = False,
+        self, report: Report, *, checkpoint: Mapping[str, Any] | None, summary: Usage | None = None
     ) -> None:
-        """Record the guard's stop as the task's terminal state (``lifecycle.finish_drive``),
-        with ``usage`` when more was spent since the report (a summary turn's reservation)."""
+        """Record the guard's stop as the task's terminal state (``lifecycle.finish_drive``);
+        ``summary``: a summary turn follows, and the task has spent this (its reservation
+        included) by then."""
         ...
 
     def history(self, phase: int) -> dict[str, list[Any]]:
@@ -209,6 +203,5 @@ __all__ = [
     "Saved",
     "Step",
     "StepStore",
-    "StopRecorded",
     "open_store",
 ]

@@ -194,22 +194,12 @@ class BaseStore:
     # -- the end, and the way back ---------------------------------------------------------
 
     def finish(
-        self,
-        report: Report,
-        *,
-        checkpoint: Mapping[str, Any] | None,
-        usage: Usage | None = None,
-        summary_due: bool = False,
+        self, report: Report, *, checkpoint: Mapping[str, Any] | None, summary: Usage | None = None
     ) -> None:
         try:
             with transaction.atomic():
                 lifecycle.finish_drive(
-                    self.task_id,
-                    self.owner,
-                    report,
-                    checkpoint=checkpoint,
-                    usage=usage,
-                    summary_due=summary_due,
+                    self.task_id, self.owner, report, checkpoint=checkpoint, summary=summary
                 )
         except LeaseLost:
             raise

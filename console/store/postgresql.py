@@ -41,7 +41,7 @@ from guard.steps import Operation as Entry
 from ..lifecycle import entry_of
 from ..models import Operation, Task
 from ..statements import fetch_one
-from . import Answer, LeaseLost, Record, Saved, Step, StopRecorded
+from . import Answer, LeaseLost, Record, Saved, Step
 from .base import _CLAIMED_FROM_SQL, _DIMENSIONS, BaseStore, _states
 
 
@@ -264,7 +264,7 @@ class PostgresStore(BaseStore):
         if carry is not None:
             self._saved(carry, row)
         if stopping:
-            raise StopRecorded(f"task {task} is stopping")
+            return Claim(ClaimStatus.STOPPING)  # the gate saw the stop: nothing was inserted
         if lease_owner != self.owner:
             driver = "another driver" if lease_owner else "nobody"
             raise LeaseLost(f"task {task} is driven by {driver}")

@@ -24,7 +24,7 @@ from guard.steps import Operation as Entry
 from ..lifecycle import entry_of
 from ..models import Operation, OperationEvent, Task, TraceEvent
 from ..statements import fetch_one
-from . import LeaseLost, Record, Saved, Step, StopRecorded
+from . import LeaseLost, Record, Saved, Step
 from .base import _DIMENSIONS, BaseStore, _claimed_from, _states
 
 # One statement decides the claim (SQLite 3.35+ has upsert and RETURNING). The WHERE of
@@ -66,7 +66,7 @@ class SqliteStore(BaseStore):
         self, key: str, fingerprint: str, *, tool: str, args: str, carry: Step | None = None
     ) -> Claim:
         now = connection.ops.adapt_datetimefield_value(timezone.now())
-        refused: Exception | None = None
+        stopping = False
         carried: Saved | None = None
         claimed: tuple[Any, ...] | None = None
         with transaction.atomic():
@@ -80,8 +80,8 @@ class SqliteStore(BaseStore):
                     raise LeaseLost(f"task {self.task_id} does not exist")
                 stop_requested_at, lease_owner = gate
             if stop_requested_at:
-                # Raised once the transaction commits: a carried step is saved all the same.
-                refused = StopRecorded(f"task {self.task_id} is stopping")
+                # Answered once the transaction commits: a carried step is saved all the same.
+                stopping = True
             elif lease_owner != self.owner:
                 driver = "another driver" if lease_owner else "nobody"
                 raise LeaseLost(f"task {self.task_id} is driven by {driver}")
@@ -99,8 +99,8 @@ class SqliteStore(BaseStore):
         # again, its events still pending).
         if carry is not None and carried is not None:
             self._took(carry, carried)
-        if refused is not None:
-            raise refused
+        if stopping:
+            return Claim(ClaimStatus.STOPPING)
         entry = entry_of(row)
         if claimed is not None:
             return Claim(ClaimStatus.CLAIMED, entry)

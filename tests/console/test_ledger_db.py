@@ -33,7 +33,7 @@ from console.models import (
     TraceEvent,
 )
 from console.roles import Role, assign
-from console.store import LeaseLost, Step, StopRecorded
+from console.store import LeaseLost, Step
 from guard import Call, Kind, Result
 from guard.steps import ClaimStatus, LedgerError
 from tests.waiting import CLAIMER, release_together
@@ -352,13 +352,14 @@ def saved_events(task: Task) -> list[str]:
 
 
 @pytest.mark.parametrize("carried", [False, True], ids=["claim", "claim-carrying-a-save"])
-def test_a_claim_after_the_stop_is_recorded_raises_and_inserts_nothing(carried: bool) -> None:
+def test_a_claim_after_the_stop_is_recorded_answers_stopping_and_inserts_nothing(
+    carried: bool,
+) -> None:
     task = running_task(stop_requested_at=timezone.now())
     ledger = ledger_for(task)
     step = carrying(ledger, task) if carried else None
 
-    with pytest.raises(StopRecorded):
-        ledger.claim(KEY, FP)
+    assert ledger.claim(KEY, FP).status is ClaimStatus.STOPPING
 
     assert not Operation.objects.filter(key=KEY).exists()
     assert not OperationEvent.objects.exists()
@@ -389,8 +390,7 @@ def test_a_not_committed_operation_is_not_reclaimed_once_the_stop_is_recorded() 
     ledger.resolve(KEY, committed=False, evidence="bounced")
     Task.objects.filter(id=task.id).update(stop_requested_at=timezone.now())
 
-    with pytest.raises(StopRecorded):
-        ledger.claim(KEY, FP)
+    assert ledger.claim(KEY, FP).status is ClaimStatus.STOPPING
 
     row = Operation.objects.get(key=KEY)
     assert (row.state, row.attempts) == ("NOT_COMMITTED", 1)
@@ -479,8 +479,7 @@ def test_an_operator_stop_waits_for_a_claim_in_progress_and_the_next_claim_sees_
     assert blocked, "the stop went through while a claim held the task row"
     assert stopped.is_set()
     assert Operation.objects.get(key=KEY).state == "IN_FLIGHT"
-    with pytest.raises(StopRecorded):
-        ledger_for(task).claim("incident-42-second-notice", FP)
+    assert ledger_for(task).claim("incident-42-second-notice", FP).status is ClaimStatus.STOPPING
     assert not Operation.objects.filter(key="incident-42-second-notice").exists()
 
 

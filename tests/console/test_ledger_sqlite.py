@@ -187,6 +187,21 @@ def plan_then_stop(self, observation):
 NoticeWriter.plan = plan_then_stop
 stopped = start("test_notices", {"count": 3})
 out["stopped"] = [runner.drive(stopped.id), seen(stopped)]
+NoticeWriter.plan = real_plan
+# A stop pressed after the runner's last look, just before the write's claim: the claim's
+# own transaction sees it and answers "stopping".
+from console.demo.models import Notice
+from console.store.sqlite import SqliteStore
+real_claim, answers = SqliteStore.claim, []
+def stop_then_claim(self, key, *args, **kw):
+    services.task_stop(task_id=self.task_id, actor=operator, reason="stop it now")
+    claim = real_claim(self, key, *args, **kw)
+    answers.append(str(claim.status))
+    return claim
+SqliteStore.claim = stop_then_claim
+at_claim = start("test_notices", {"count": 2})
+out["at_claim"] = [runner.drive(at_claim.id), seen(at_claim), answers,
+                   Notice.objects.filter(idempotency_key__startswith=f"task-{at_claim.id}-").count()]
 print(json.dumps(out))
 """
 
@@ -219,6 +234,11 @@ def test_on_sqlite_the_runner_saves_every_step_and_a_claim_sees_a_stop_recorded_
         ["request", "blocked"],
         ["stop", ""],
     ]
+    outcome, at_claim, answers, sent = seen["at_claim"]
+    assert outcome == "CANCELLED/operator_stop"
+    assert answers == ["stopping"]  # the claim saw the stop pressed after the last look
+    assert at_claim["end"] == ["CANCELLED", "operator_stop"]
+    assert (at_claim["counted"][1], at_claim["operations"], sent) == (0, [], 0)
 
 
 # The SQLite twin of test_runner.py's cut-off save: right after the first notice is sent,

@@ -440,6 +440,42 @@ def test_a_stop_recorded_while_the_model_thinks_refuses_the_write_it_proposed(
     ]
 
 
+def test_a_stop_pressed_after_the_runner_last_looked_is_refused_by_the_write_s_claim(
+    start: Start, operator: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop lands between the model call and the claim of its write, after every look
+    the runner takes: the claim's own statement sees it and answers STOPPING, and the
+    guard ends the task there. Nothing was sent, nothing claimed, nothing lost."""
+    real_claim = postgresql.PostgresStore.claim
+    answers: list[str] = []
+
+    def stop_then_claim(self: postgresql.PostgresStore, key: str, *args: Any, **kw: Any) -> Any:
+        services.task_stop(task_id=self.task_id, actor=operator, reason="stop it now")
+        claim = real_claim(self, key, *args, **kw)
+        answers.append(claim.status)
+        return claim
+
+    monkeypatch.setattr(postgresql.PostgresStore, "claim", stop_then_claim)
+    task = start("test_notices", {"count": 2})
+
+    outcome = runner.drive(task.id)
+
+    task.refresh_from_db()
+    assert outcome == "CANCELLED/operator_stop"
+    assert answers == ["stopping"]  # one claim, and it is the claim that saw the stop
+    assert (task.state, task.reason, task.executions) == (TaskState.CANCELLED, "operator_stop", 0)
+    assert not Notice.objects.filter(idempotency_key__startswith=f"task-{task.id}-").exists()
+    assert not Operation.objects.filter(task=task).exists()
+    report = StopReport.objects.get(task=task).report
+    assert (report["state"], report["reason"]) == ("CANCELLED", "operator_stop")
+    assert "stop it now" in report["detail"]
+    assert _events(task)[-3:] == [
+        ("model_call", "planned", ""),
+        ("request", "blocked", "send_notice"),
+        ("stop", "", ""),
+    ]
+
+
 def test_a_stop_recorded_while_the_model_thinks_refuses_the_read_it_proposed(
     start: Start, operator: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:

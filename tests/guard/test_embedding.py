@@ -5,7 +5,7 @@ import json
 import pytest
 
 from guard import Call, Evidence, Guard, InMemoryLedger, Kind, Limits, Reason, Result, State
-from guard.steps import Claim
+from guard.steps import Claim, ClaimStatus
 
 
 def _steady(result: Result | None, step: object) -> Evidence:
@@ -69,27 +69,26 @@ def test_a_malformed_checkpoint_is_refused_with_a_clear_error() -> None:
 
 
 class _StopAwareLedger(InMemoryLedger):
-    """A ledger that, like the database one, refuses a claim once a stop is recorded."""
+    """A ledger that, like the console's, keeps the task's stop fact and answers a claim
+    ``STOPPING`` once it is recorded."""
 
     def __init__(self) -> None:
         super().__init__()
         self.stop_recorded = False  # the fact, in the "database"
-        self.stop_seen = False  # what the guard's cancel check can see so far
 
     def claim(self, key: str, fingerprint: str) -> Claim:
         if self.stop_recorded:
-            self.stop_seen = True
-            raise RuntimeError("task stop recorded")
+            return Claim(ClaimStatus.STOPPING)
         return super().claim(key, fingerprint)
 
 
 def test_a_claim_refused_because_of_a_recorded_stop_ends_cancelled_with_nothing_claimed() -> None:
     ledger = _StopAwareLedger()
     ran: list[Call] = []
-    guard = Guard(Limits(), ledger=ledger, cancel=lambda: ledger.stop_seen)
+    guard = Guard(Limits(), ledger=ledger)  # no cancel signal: the ledger's answer is the door
     assert guard.before_model() is None
     (ticket,) = guard.before_tools(Call("refund", {"o": 1}, "write", "order-1-refund"))  # type: ignore[misc]
-    # The operator's stop commits after the guard's own cancel check and before the claim.
+    # The operator's stop commits after the guard's admission and before the claim.
     ledger.stop_recorded = True
     decision = guard.before_tool(ticket)
 
@@ -100,3 +99,19 @@ def test_a_claim_refused_because_of_a_recorded_stop_ends_cancelled_with_nothing_
     )
     assert ledger.get("order-1-refund") is None
     assert ran == []
+    # The stop stands: the guard plans nothing more.
+    assert guard.before_model() == decision.report
+
+
+def test_a_ledger_that_fails_at_the_claim_is_not_taken_for_a_stop() -> None:
+    class _Failing(InMemoryLedger):
+        def claim(self, key: str, fingerprint: str) -> Claim:
+            raise RuntimeError("the ledger is down")
+
+    guard = Guard(Limits(), ledger=_Failing())
+    assert guard.before_model() is None
+    (ticket,) = guard.before_tools(Call("refund", {"o": 1}, "write", "order-1-refund"))  # type: ignore[misc]
+    decision = guard.before_tool(ticket)
+
+    assert decision.report is not None
+    assert (decision.report.state, decision.report.reason) == (State.FAILED, Reason.EXECUTOR_ERROR)

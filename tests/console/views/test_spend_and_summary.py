@@ -11,6 +11,7 @@ from django.utils import timezone
 from console import runner
 from console.demo.agents import BudgetBurner
 from console.models import StopReport, Task
+from console.runner.model import ModelCall
 
 from .support import XSS, XSS_ESCAPED, SignIn, Start, body, finish, running
 
@@ -159,7 +160,7 @@ def test_a_task_without_a_summary_turn_has_no_summary_section(
 
 def _stopped_before_its_summary(start: Start, monkeypatch: pytest.MonkeyPatch) -> Task:
     """A task the runner stopped, saying a summary turn follows, that has not come yet."""
-    monkeypatch.setattr(runner._Driver, "_summarise", lambda self, prompt, reserve: None)
+    monkeypatch.setattr(ModelCall, "summarise", lambda self, prompt, reserve, observation: None)
     task = start("budget_burner", {"dimension": "model_calls", "summary": "yes"})
     runner.drive(task.id)
     return task
