@@ -33,7 +33,7 @@ DIST = ROOT / ".loopguard" / "dist"  # where `manage.py dist` puts the wheels (-
 # editable sources); its guard/ is a link to this checkout's.
 GUARD_EDITABLE = VENV / "src" / "loopguard-guard"
 # The framework integrations, each with its extra: named there once.
-INTEGRATIONS = ROOT / "guard" / "_integrations.py"
+INTEGRATIONS = ROOT / "guard" / "contrib" / "__init__.py"
 
 
 def python_version(executable: str | Path) -> tuple[int, int] | None:
@@ -154,7 +154,7 @@ def guard_pyproject(pyproject: dict[str, Any]) -> str:
           for extra, needs in own.get("optional-dependencies", {}).items()),
         "",
         "[tool.setuptools]",
-        'packages = ["guard", "guard.remote"]',  # each package of guard/, named
+        'packages = ["guard", "guard.contrib", "guard.remote"]',  # each package of guard/, named
     ]  # fmt: skip
     return "\n".join(lines) + "\n"
 
@@ -350,7 +350,7 @@ def run_django(argv: list[str]) -> None:
 
 
 def integration_extras() -> list[str]:
-    """The extra of each framework integration, from guard/_integrations.py, run by its path:
+    """The extra of each framework integration, from guard/contrib/__init__.py, run by its path:
     it imports only the standard library, nothing of the guard's."""
     return [integration.extra for integration in runpy.run_path(str(INTEGRATIONS))["INTEGRATIONS"]]
 
@@ -400,7 +400,7 @@ Runs, in order and stopping at the first that fails:
                     the whole suite runs on two processes where there are two cores.
 
 Before it runs, .venv gets the guard's distribution and the console's with its dev and
-model extras and the extra of every framework integration (guard/_integrations.py names
+model extras and the extra of every framework integration (guard/contrib/__init__.py names
 them), both editable (the first time, or when pyproject.toml changed), and Debian's
 chromium package is installed if it is missing and this is root with apt (otherwise the
 browser tests are skipped, and say so). tests/deploy builds both wheels as `manage.py
@@ -438,7 +438,7 @@ def main(argv: list[str]) -> None:
         run_tests(argv[2:])
     elif command == "up":
         ensure_environment(model_extra())
-        from console.launcher import main as up  # inside .venv now: Django is importable
+        from console.project.launcher import main as up  # inside .venv now: Django is importable
 
         sys.exit(up(argv[2:]))
     else:

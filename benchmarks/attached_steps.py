@@ -7,8 +7,9 @@ A *step* is ``runner_throughput``'s: one model call and one tool request, altern
 page read (``_RAW_READ``) and a desk notice send with its own operation key (``_RAW_SEND``).
 Two ways of guarding that same mix are measured in the same run, on the same database:
 
-- **hosted**: ``runner_throughput``'s guarded side, reused as it is: ``console.runner.drive``
-  driving one task in one worker process (no Celery), every step persisted.
+- **hosted**: ``runner_throughput``'s guarded side, reused as it is:
+  ``console.drivers.runner.drive`` driving one task in one worker process (no Celery), every
+  step persisted.
 - **attached**: a client process drives an attached task of its own through
   ``guard.remote.RemoteGuard`` against the console served by **gunicorn** on 127.0.0.1 (the
   command line ``manage.py up`` runs, DEBUG off). Per step it sends three requests over
@@ -97,7 +98,7 @@ CLIENT = "benchmarks/attached_steps"
 
 COLUMNS = f"""\
 rows:
-  {HOSTED:<20}runner_throughput's guarded side: console.runner.drive in one
+  {HOSTED:<20}runner_throughput's guarded side: console.drivers.runner.drive in one
   {"":<20}worker process, every step persisted
   attached, N clients N client processes, each driving its own attached task through
   {"":<20}guard.remote.RemoteGuard over loopback HTTP to gunicorn, released together;
@@ -956,8 +957,8 @@ def _measure(
     from django.core.management import call_command
     from django.db import connections
 
-    from console.roles import Role, assign
-    from console.tokens import api_token_issue
+    from console.api.tokens import api_token_issue
+    from console.records.roles import Role, assign
 
     call_command("migrate", verbosity=0)
     rt.prepare(scratch.url, steps // 2 + 11, 1)

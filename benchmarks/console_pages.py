@@ -642,7 +642,7 @@ def signed_in_client() -> Client:
     from django.contrib.auth import get_user_model
     from django.test import Client
 
-    from console.roles import Role, assign
+    from console.records.roles import Role, assign
 
     user_model = get_user_model()
     admin = user_model.objects.filter(username="bench-admin").first()

@@ -7,7 +7,7 @@ One *step* is one model call and one tool request; steps alternate between readi
 page and sending a desk notice with its own operation key. Every side below does that same
 mix, and every side's business statements are the same text (``_RAW_READ``, ``_RAW_SEND``):
 
-- **guarded**: ``console.runner.drive`` driving one task in the worker process (no Celery),
+- **guarded**: ``console.drivers.runner.drive`` driving one task in the worker process (no Celery),
   persisting every step as it does in a Celery worker.
 - **(a) raw + step commit**: the yardstick. A bare psycopg loop on an autocommit connection;
   for each write the same claim and record on a bare ledger table of its own (one
@@ -93,7 +93,6 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from console.agents.base import Agent, Tool
-from console.statements import fetch_one
 from guard import Call, Evidence, Finish, Kind, Result, Settlement
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/loopguard"
@@ -113,7 +112,7 @@ TARGET = 0.75  # issue 9: the guarded step against (a), at one worker
 
 COLUMNS = f"""\
 sides (columns):
-  {GUARDED:<22}console.runner.drive over one task per worker, every step persisted
+  {GUARDED:<22}console.drivers.runner.drive over one task per worker, every step persisted
   {RAW_STEP_COMMIT:<22}the yardstick: bare psycopg, ledger claim + record per write, and
   {"":<22}one synchronous commit of the step per step (same durability)
   {RAW:<22}the same loop without the step commit: not durable, reference only
@@ -179,12 +178,16 @@ class ReadWriteMix(Agent):
         ]
 
     def _read(self, call: Call) -> Result:
+        from console.store.statements import fetch_one  # the store's package needs Django
+
         page = fetch_one(_RAW_READ, [call.args["collection"], call.args["number"]])
         if page is None:
             return Result(Kind.FATAL, {"missing": call.args["number"]})
         return Result(Kind.SUCCESS, {"page": page[0], "items": page[1]})
 
     def _send(self, call: Call) -> Result:
+        from console.store.statements import fetch_one
+
         key = str(call.operation_key)
         sent = fetch_one(_RAW_SEND, ["ops@example.com", str(call.args["text"]), key])
         if sent is None:
@@ -273,7 +276,7 @@ _TABLE = re.compile(r'\b(?:FROM|INTO|UPDATE)\s+"?(\w+)"?', re.IGNORECASE)
 _PACKAGES = (f"{os.sep}console{os.sep}", f"{os.sep}guard{os.sep}")
 # Taking the lease was ``_acquire`` in the runner; the task lifecycle's ``start_drive`` now.
 _ONE_OFF = frozenset(
-    {"_acquire", "start_drive", "_Driver._finish", "Ending.stop", "_Heartbeat.run"}
+    {"BaseStore.take_lease", "start_drive", "_Driver._finish", "Ending.stop", "Heartbeat.run"}
 )
 
 
@@ -309,7 +312,7 @@ def _caller(frame: FrameType | None) -> tuple[str, str]:
     """Who sent a query: the innermost LoopGuard function and the driver's method above it.
 
     Also names the one-off it belongs to, if any: queries sent once per drive whatever its
-    length, to take the lease, to finish (``Guard._stop`` reads back every operation the
+    length, to take the lease, to finish (``Ending.stop`` reads back every operation the
     task touched, for its report) and to renew the lease from the heartbeat.
     """
     inner, driver, between = "", "", 0
@@ -324,7 +327,7 @@ def _caller(frame: FrameType | None) -> tuple[str, str]:
             name = f"{module.replace(os.sep, '.')}.{code.co_qualname}"
             if not inner:
                 inner = name
-            elif not driver and name.startswith("runner.") and name != inner:
+            elif not driver and name.startswith("drivers.runner.") and name != inner:
                 driver = name
             elif not driver:
                 between += 1
@@ -624,7 +627,7 @@ def prepare_guarded(url: str, steps: int, log: QueryLog, *, attribute: bool = Fa
     """A task of ``steps`` steps, created and ready to drive; the window covers ``drive``."""
     from django.db import connection, connections
 
-    from console.runner import drive
+    from console.drivers.runner import drive
     from console.services import task_start
 
     run_id = uuid.uuid4().hex[:12]
@@ -1008,7 +1011,7 @@ def stop_latencies(url: str, rounds: int) -> list[float]:
     """Seconds from ``task_stop`` to a ``CANCELLED`` row, for drivers waiting on a job."""
     from django.contrib.auth.models import User
 
-    from console.runner import STOP_POLL_S
+    from console.drivers.runner import STOP_POLL_S
     from console.services import task_start, task_stop
 
     actor = User.objects.create_user(f"bench-{uuid.uuid4().hex[:8]}")
@@ -1052,7 +1055,7 @@ def _drive_and_close(task_id: int) -> None:
     """Drive a task in a thread of its own, closing the thread's connection afterwards."""
     from django.db import connection
 
-    from console.runner import drive
+    from console.drivers.runner import drive
 
     try:
         drive(task_id)

@@ -12,7 +12,7 @@ Each round, one worker process (Django set up as a Celery worker has it, ``DEBUG
 
 1. creates a guarded task of ``--steps`` steps (``runner_throughput``'s read/write mix) in
    the benchmark database, then copies that database (``CREATE DATABASE … TEMPLATE``);
-2. **guarded**: drives the task with ``console.runner.drive``, recording every statement
+2. **guarded**: drives the task with ``console.drivers.runner.drive``, recording every statement
    it sends (text and parameters, as they went to psycopg);
 3. **replay**: sends exactly those statements, in order, with the same parameters, to the
    copy, from a bare psycopg connection (autocommit, every statement prepared, as the
@@ -118,7 +118,7 @@ def drive_recorded(task_id: int, steps: int, recorder: Recorder) -> Measured:
     """Drive ``task_id`` on a fresh connection, recording and timing it."""
     from django.db import connection, connections
 
-    from console.runner import drive
+    from console.drivers.runner import drive
 
     connection.ensure_connection()
     clock = rt.BackendClock({int(connection.connection.info.backend_pid)})

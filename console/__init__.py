@@ -4,6 +4,6 @@ The Celery app is loaded with Django so that ``@shared_task`` tasks bind to it a
 ``delay()`` from a web request uses the configured broker.
 """
 
-from .project.celery import app as celery_app
+from console.project.celery import app as celery_app
 
 __all__ = ["celery_app"]

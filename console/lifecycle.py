@@ -34,12 +34,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from guard import Guard, Kind, Limits, Reason, Report, Result, State, Usage
-from guard import OperationState as EntryState
-from guard.steps import DIMENSIONS, OPERATION_MOVES, SETTLE_MOVES
-from guard.steps import Operation as Entry
-
-from .models import (
+from console.models import (
     APPROVAL_MOVES,
     CLIENT_LOST,
     NOTICE_MOVES,
@@ -61,7 +56,11 @@ from .models import (
     TaskState,
     TraceEvent,
 )
-from .redaction import preview, redact, redact_text
+from console.records.redaction import preview, redact, redact_text
+from guard import Guard, Kind, Limits, Reason, Report, Result, State, Usage
+from guard import OperationState as EntryState
+from guard.steps import DIMENSIONS, OPERATION_MOVES, SETTLE_MOVES
+from guard.steps import Operation as Entry
 
 logger = logging.getLogger(__name__)
 
@@ -481,7 +480,7 @@ def recover(task: Task, *, why: str, found: Mapping[str, Mapping[str, Any]] | No
     Its ``IN_FLIGHT`` operations are lost (``OPERATION_MOVES["lose"]``: ``UNKNOWN``): they
     may or may not have happened and are never run again. ``found`` is what their tools'
     lookups said of them, by operation key, asked before this transaction (a lookup is I/O
-    on the business system: ``console.runner`` asks it outside any transaction), in the
+    on the business system: ``console.drivers.runner`` asks it outside any transaction), in the
     shape of :func:`settle_by_lookup`'s ``found``; each answer that settles its write moves
     it on from ``UNKNOWN`` (:func:`settle_by_lookup`, with its history and audit entry).
     A write left ``UNKNOWN`` stops the task for a human (an attached task waits for its

@@ -199,7 +199,7 @@ class Task(models.Model):
 
     agent = models.CharField(max_length=100)
     client = models.CharField(max_length=200, blank=True)
-    """What drives an attached task over the step protocol (``console.attached``); blank
+    """What drives an attached task over the step protocol (``console.drivers.attached``); blank
     for a hosted task, which the console's workers drive."""
     tools = models.JSONField(default=dict, blank=True)
     """An attached task's declared tools, name → ``"read"``/``"write"`` (a hosted agent's
@@ -725,7 +725,7 @@ class ApiToken(models.Model):
         return self.revoked_at is not None
 
 
-# -- notifications (console/notifications.py) -------------------------------------------------
+# -- notifications (console/drivers/notifications.py) -----------------------------------------
 
 
 class NoticeKind(models.TextChoices):
@@ -738,7 +738,7 @@ class NoticeKind(models.TextChoices):
 
 class ChannelTransport(models.TextChoices):
     """The kinds of channel; each is delivered by its class in
-    ``console.notifications.TRANSPORTS`` (a test keeps the two in step)."""
+    ``console.drivers.notifications.TRANSPORTS`` (a test keeps the two in step)."""
 
     WEBHOOK = "webhook", "webhook"
     EMAIL = "email", "email"

@@ -35,11 +35,8 @@ from django.db.models import (
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from guard import Limits, Reason
-from guard.steps import DIMENSIONS, RESUME_CONDITIONS
-
-from .agents import UnknownAgent, agent_class
-from .models import (
+from console.agents import UnknownAgent, agent_class
+from console.models import (
     ACTIVE_STATES,
     STOP_REASONS,
     UNSETTLED_STATES,
@@ -60,7 +57,9 @@ from .models import (
     lease_alive,
     waiting_for_client,
 )
-from .spend import money
+from console.records.spend import money
+from guard import Limits, Reason
+from guard.steps import DIMENSIONS, RESUME_CONDITIONS
 
 logger = logging.getLogger(__name__)
 
@@ -231,7 +230,7 @@ class Spend:
 
     @property
     def today_text(self) -> str:
-        """``today`` as people read money (:func:`console.spend.money`)."""
+        """``today`` as people read money (:func:`console.records.spend.money`)."""
         return money(self.today)
 
     @property

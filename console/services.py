@@ -20,13 +20,22 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.utils import timezone
 
-from guard import Kind, Limits, Result
-from guard.steps import DIMENSIONS
-from guard.steps import canonical_json as guard_canonical_json
-
-from . import lifecycle
-from .agents import UnknownAgent, agent_class
-from .inputs import (
+from console import lifecycle
+from console.agents import UnknownAgent, agent_class
+from console.models import (
+    UNSETTLED_STATES,
+    Approval,
+    AuditAction,
+    AuditEntry,
+    OnReject,
+    Operation,
+    OperationState,
+    Phase,
+    Task,
+    TaskState,
+    lease_alive,
+)
+from console.records.inputs import (
     KEPT_DEPTH,
     MAX_AGENT_CHARS,
     MAX_INPUT_BYTES,
@@ -40,22 +49,12 @@ from .inputs import (
     typed_text,
     unstorable,
 )
-from .models import (
-    UNSETTLED_STATES,
-    Approval,
-    AuditAction,
-    AuditEntry,
-    OnReject,
-    Operation,
-    OperationState,
-    Phase,
-    Task,
-    TaskState,
-    lease_alive,
-)
-from .redaction import redact, redact_text
-from .spend import price_of
-from .store.queries import lock_goal
+from console.records.redaction import redact, redact_text
+from console.records.spend import price_of
+from console.store.queries import lock_goal
+from guard import Kind, Limits, Result
+from guard.steps import DIMENSIONS
+from guard.steps import canonical_json as guard_canonical_json
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +87,7 @@ class InvalidInput(ServiceError):
 
 
 def _enqueue(task_id: int) -> None:
-    from .tasks import run_task  # tasks import this module's callers; keep the edge one-way
+    from console.tasks import run_task  # tasks import this module's callers; keep the edge one-way
 
     run_task.delay(task_id)
 
@@ -172,7 +171,7 @@ def task_start(
     ``LOOPGUARD_RESTART_WINDOW_SECONDS`` is held (``NEEDS_HUMAN``/``restart_loop``) for an
     operator instead of running: a per-run budget cannot see an outer trigger loop.
 
-    With a ``client`` the task is attached (``console.attached``): ``agent`` is the name
+    With a ``client`` the task is attached (``console.drivers.attached``): ``agent`` is the name
     its client gives it, ``tools`` its declared tools, and nothing is enqueued (the client
     drives it); the console's default limits apply where ``limits`` is silent.
     """
@@ -745,7 +744,7 @@ def _required(text: str, *, what: str = "a reason") -> str:
 
 
 def _optional(text: str, *, what: str = "the reason") -> str:
-    """Free text as stored (:func:`console.inputs.typed_text`: trimmed, refused if it cannot
+    """Free text as stored (:func:`console.records.inputs.typed_text`: trimmed, refused if it cannot
     be stored, secrets masked), because reasons and evidence are shown and exported as
     typed."""
     try:

@@ -7,7 +7,7 @@ import logging
 from celery import shared_task
 from django.db import close_old_connections
 
-from . import notifications, runner
+from console.drivers import notifications, runner
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What a host drives, step by step: the local :class:`~guard.Guard` offers it, and so will
 the remote guard that speaks the console's step protocol. The framework integrations
-(``guard.langchain``, ``guard.openai_agents``) take any object that offers it."""
+(``guard.contrib.langchain``, ``guard.contrib.openai_agents``) take any object that offers it."""
 
 from __future__ import annotations
 

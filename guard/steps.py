@@ -15,8 +15,9 @@ console's runner, an attached client) and for ledgers that store operations else
     pause = guard.before_wait()                    # milliseconds to wait, or Report
 
 :class:`Sequencer` keeps that order for a host and says what comes next (:class:`Next`);
-``Guard.run``, ``guard.langchain`` and ``guard.openai_agents`` drive it, so a loop ends the
-same way under each. It is also where three rules live: a reuse is settled at its entry, a
+``Guard.run``, ``guard.contrib.langchain`` and ``guard.contrib.openai_agents`` drive it, so a
+loop ends the same way under each. It is also where three rules live: a reuse is settled
+at its entry, a
 tool's exception (every attempt of a retry layer charged) ends the task
 ``FAILED``/``executor_error``, and a run that ends without the model's final answer ends
 ``PARTIAL``/``goal_unverified`` (:data:`ENDED_WITHOUT_ANSWER`).
@@ -50,8 +51,8 @@ for one of :data:`SUMMARY_REASONS`, ``summary_turn`` hands out one last prompt f
 call with no tools, and ``record_summary`` keeps its text in the report.
 
 :class:`StepGuard` is the interface a host drives (the local ``Guard`` offers it); the
-framework integrations ``guard.langchain`` and ``guard.openai_agents`` take any object
-that offers it.
+framework integrations ``guard.contrib.langchain`` and ``guard.contrib.openai_agents`` take any
+object that offers it.
 
 A host with no trusted inspector passes ``inspect=None`` to ``after_tool`` and ``finish``
 (and ``run``): a never-seen ``SUCCESS`` read result is then progress, drawn from

@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import connection
 
-from console import launcher
+from console.project import launcher
 from tests.processes import ROOT, clean_environment
 from tests.up_process import descendants, free_port
 from tests.waiting import wait_for

@@ -16,66 +16,49 @@ from pathlib import Path
 
 import pytest
 
-from guard._integrations import INTEGRATIONS
+from guard.contrib import INTEGRATIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Lowest first, each module and package directly in console/ by name (docs/architecture.md's
-# table says the same). A module's layer is that of the longest prefix listed for it; the
-# package itself, "console", is its __init__ only.
+# Lowest first, by folder: each folder of console/ is a layer (console/records/, store/,
+# drivers/, web/, api/), and the modules Django and Celery want at the top (models, apps,
+# migrations, tasks, templatetags, management) are placed by name, as are services,
+# selectors and lifecycle. A module's layer is that of the longest prefix listed for it; the
+# package itself, "console", is its __init__ only. docs/architecture.md's table says the same.
 LAYERS: dict[str, int] = {
     "guard": 0,
     # The console's values and records: models (their app and migrations), redaction, input
-    # checks, spend, roles, logs, agents' base.
+    # checks, spend, roles, logs (console/records/), agents' base.
     "console.models": 1,
-    "console.redaction": 1,
-    "console.inputs": 1,
-    "console.spend": 1,
-    "console.roles": 1,
-    "console.logs": 1,
+    "console.records": 1,
     "console.agents": 1,
     "console.apps": 1,
     "console.migrations": 1,
-    # One owner per state machine: the task's moves (operations' go by guard.steps).
+    # One owner per state machine: the task's, an approval's, a notice's moves.
     "console.lifecycle": 2,
-    # Everything that persists a guard step, one implementation per database, and the few
-    # statements of the services; the prepared statements that run the store's texts.
+    # Everything that persists a guard step, one implementation per database, the few
+    # statements of the services, and the prepared statements that run the store's texts.
     "console.store": 3,
-    "console.statements": 3,
-    # Drivers over the store: the hosted runner (and the Celery tasks that call it), and
-    # the trace events both drivers write.
-    "console.ledger": 4,
-    "console.runner": 4,
-    "console.trace": 4,
+    # Drivers over the store: the hosted runner (and the Celery tasks that call it), the
+    # guard's Ledger, the trace events both drivers write, the notices' outbox and delivery.
+    "console.drivers": 4,
     "console.tasks": 4,
-    # Notifications' outbox and delivery: below the Celery tasks that run it.
-    "console.notifications": 4,
-    # What people and clients ask for: services (writes), selectors (reads) and their kin.
-    "console.services": 5,
     # The attached driver: a client's step requests, over the store. It starts its task
     # through the services (and takes their errors and the goal lock), so it sits with them.
-    "console.attached": 5,
+    "console.drivers.attached": 5,
+    # What people and clients ask for: services (writes) and selectors (reads).
+    "console.services": 5,
     "console.selectors": 5,
-    "console.tokens": 5,
-    "console.health": 5,
-    "console.serializers": 5,
-    "console.metrics": 5,
-    # HTTP: pages and the JSON API.
-    "console.forms": 6,
-    "console.views": 6,
-    "console.notification_views": 6,
-    "console.api_views": 6,
+    # HTTP: the pages (console/web/: views, forms, charts, /healthz, /metrics) and the JSON
+    # API (console/api/: its URL map, views, serializers, OpenAPI document, tokens).
+    "console.web": 6,
     "console.api": 6,
-    "console.openapi": 6,
     "console.templatetags": 6,
-    "console.charts": 6,
     # The demo app: a business system and agents, started like any other agents.
     "console.demo": 7,
-    # Entry points and configuration.
+    # Entry points and configuration: settings, URLs, Celery, `manage.py up`, the health probe.
     "console.project": 8,
     "console.settings": 8,  # the settings' old name, kept with a warning
-    "console.launcher": 8,
-    "console.healthcheck": 8,
     "console.management": 8,
     "console": 8,  # the package's face: it loads the Celery app
 }
@@ -84,16 +67,16 @@ LAYERS: dict[str, int] = {
 # import it (besides its own package).
 ONLY_FROM: dict[str, set[str]] = {
     # Only Celery runs the hosted driver; services enqueue through console.tasks.
-    "console.runner": {"console.tasks"},
-    # Only drivers touch the step store: the hosted runner and the attached driver.
-    "console.store": {"console.ledger", "console.runner", "console.attached"},
+    "console.drivers.runner": {"console.tasks"},
+    # Only drivers touch the step store.
+    "console.store": {"console.drivers"},
     # The services' own statements (the token check, the goal lock, the health probe): their
     # callers only.
-    "console.store.queries": {"console.tokens", "console.services", "console.health"},
+    "console.store.queries": {"console.api.tokens", "console.services", "console.web.health"},
     # Prepared statements run the store's texts, and only the store's.
-    "console.statements": {"console.store"},
+    "console.store.statements": {"console.store"},
     # The product does not depend on its demo; only the demo's own entry points start it.
-    "console.demo": {"console.launcher", "console.management.commands.demo"},
+    "console.demo": {"console.project.launcher", "console.management.commands.demo"},
 }
 
 
@@ -241,9 +224,9 @@ def test_the_test_command_installs_the_extra_of_every_integration() -> None:
 def test_the_rules_would_catch_an_upward_import(tmp_path: Path) -> None:
     # The check itself: a model importing a view is refused.
     fake = tmp_path / "models.py"
-    fake.write_text("from console import views\nfrom .services import task_stop\n")
+    fake.write_text("from console.web import views\nfrom .services import task_stop\n")
     found = [t for _, t in imports_of("console.models", fake)]
-    assert found == ["console.views", "console.services"]
+    assert found == ["console.web.views", "console.services"]
     assert all((layer(t) or 0) > LAYERS["console.models"] for t in found)
 
 
@@ -264,7 +247,7 @@ def console_parts() -> list[str]:
 
 
 def module_of_path(written: str) -> str:
-    """``console/store/`` → console.store, ``console/tokens.py`` → console.tokens,
+    """``console/store/`` → console.store, ``console/api/tokens.py`` → console.api.tokens,
     ``console/__init__.py`` → console."""
     path = Path(written.rstrip("/"))
     parts = list(path.with_suffix("").parts if path.suffix == ".py" else path.parts)
@@ -311,20 +294,20 @@ def test_the_document_places_each_module_once_and_as_the_test_does() -> None:
 def test_the_document_check_reads_a_table_and_would_catch_a_module_in_the_wrong_row() -> None:
     table = (
         "| layer | modules | what |\n| ---: | --- | --- |\n"
-        "| 5 | `console/services.py`, `console/attached.py` | the `services` |\n"
-        "| 3 | `console/store/`, `console/statements.py` | the store |\n"
-        "| 8 | `console/__init__.py` | its face |\n\nAfter: `console/views.py`\n"
+        "| 5 | `console/services.py`, `console/drivers/attached.py` | the `services` |\n"
+        "| 3 | `console/store/`, `console/store/statements.py` | the store |\n"
+        "| 8 | `console/__init__.py` | its face |\n\nAfter: `console/web/views.py`\n"
     )
     found = documented_layers("# Layers\n\n" + table)
     assert found == [
         ("console.services", 5),
-        ("console.attached", 5),
+        ("console.drivers.attached", 5),
         ("console.store", 3),
-        ("console.statements", 3),
+        ("console.store.statements", 3),
         ("console", 8),
     ]
     moved = documented_layers(table.replace("| 5 |", "| 4 |"))
-    assert dict(moved)["console.attached"] != LAYERS["console.attached"]
+    assert dict(moved)["console.drivers.attached"] != LAYERS["console.drivers.attached"]
 
 
 # -- SQL only in console/store/ ------------------------------------------------------------
@@ -342,11 +325,11 @@ SQL_CALLS = {"cursor", "execute", "executemany", "executescript", "raw", "extra"
 # run it ("runs": a cursor, an execute), and why. An entry that no longer applies fails
 # too, so that this stays the list of what is true.
 SQL_ELSEWHERE: dict[str, tuple[set[str], str]] = {
-    "console.statements": (
+    "console.store.statements": (
         {"runs"},
         "runs the store's texts as prepared statements; only the store imports it",
     ),
-    "console.launcher": (
+    "console.project.launcher": (
         {"runs", "writes"},
         "`manage.py up` looks for the console's database in the server's catalogue and "
         "creates it: before Django is set up, so before the store can be imported",

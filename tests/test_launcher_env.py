@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from console.launcher import ROOT, child_environment, served_url
+from console.project.launcher import ROOT, child_environment, served_url
 
 # What a worker or beat does with the variable: the link a notice carries.
 PRINT_LINK = (
     "import django\n"
     "django.setup()\n"
-    "from console.notifications import link\n"
+    "from console.drivers.notifications import link\n"
     "print(link('/tasks/42/'))\n"
 )
 

@@ -3,7 +3,7 @@
 Celery can exit a whole worker (``WorkerLostError: Could not start worker processes``) when
 a pool process dies while it starts; before, ``up`` then stopped the whole console. The
 supervisor tests run real child processes (small Python programs that die when told to)
-under the real :class:`~console.launcher.Supervisor`; the last test kills the worker of a
+under the real :class:`~console.project.launcher.Supervisor`; the last test kills the worker of a
 real ``manage.py up`` in standalone mode and uses the console afterwards.
 """
 
@@ -22,8 +22,8 @@ from types import ModuleType
 
 import pytest
 
-from console import launcher
-from console.launcher import Child, Restarts, Supervisor
+from console.project import launcher
+from console.project.launcher import Child, Restarts, Supervisor
 from tests.processes import standalone_environment
 from tests.up_process import (
     ROOT,

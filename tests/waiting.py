@@ -71,7 +71,7 @@ CLAIMER = """
 import json, sys, time
 import django
 django.setup()
-from console.ledger import DatabaseLedger
+from console.drivers.ledger import DatabaseLedger
 task_id, owner, fingerprint, slot = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
 keys = json.loads(sys.argv[5])
 ledger = DatabaseLedger(task_id=task_id, owner=owner)

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from .base import Agent, Tool, UnknownAgent
+from console.agents.base import Agent, Tool, UnknownAgent
 
 __all__ = [
     "Agent",

@@ -30,11 +30,10 @@ from typing import Any, ClassVar, cast
 
 from django.conf import settings
 
+from console.agents.base import Agent
+from console.records.inputs import MAX_DEPTH, InputRefused, load_json, text_depth, unstorable
 from guard import Call, Finish, Result
 from guard.adapters import ToolSpec, calls_from_openai, openai_tool_messages
-
-from ..inputs import MAX_DEPTH, InputRefused, load_json, text_depth, unstorable
-from .base import Agent
 
 MAX_REPLY_BYTES = 2 * 1024 * 1024  # a chat completion is a few KiB; anything this big is wrong
 _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})

@@ -16,13 +16,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from guard import Call, Evidence, Finish, Kind, Result, Settlement
-from guard.__main__ import BASE as BEHAVIOUR_TABLE_LIMITS
-
-from ..agents.base import Agent, Tool
-from . import desk
-from .models import ExportJob, Notice, Order
-from .tools import (
+from console.agents.base import Agent, Tool
+from console.demo import desk
+from console.demo.models import ExportJob, Notice, Order
+from console.demo.tools import (
     Field,
     check_input,
     notice_call,
@@ -35,6 +32,8 @@ from .tools import (
     succeeded,
     verify_page,
 )
+from guard import Call, Evidence, Finish, Kind, Result, Settlement
+from guard.__main__ import BASE as BEHAVIOUR_TABLE_LIMITS
 
 __all__ = [
     "BASE_LIMITS",

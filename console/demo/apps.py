@@ -24,8 +24,8 @@ class DeskConfig(AppConfig):
 
 
 def _seed_after_migrate(using: str = DEFAULT_DB_ALIAS, **kwargs: Any) -> None:
-    from .desk import seed_demo_data
-    from .models import Page
+    from console.demo.desk import seed_demo_data
+    from console.demo.models import Page
 
     # `migrate` may stop short of the desk's migrations (`migrate console 0001`), and the
     # signal is sent all the same.

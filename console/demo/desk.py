@@ -13,7 +13,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, models, transaction
 from django.db.models import F
 
-from .models import ExportJob, Fault, Notice, Order, Page, Refund
+from console.demo.models import ExportJob, Fault, Notice, Order, Page, Refund
 
 __all__ = [
     "DEMO_ORDERS",

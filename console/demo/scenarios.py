@@ -27,10 +27,10 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
-from ..models import ACTIVE_STATES, Phase, Task, TaskState
-from ..roles import Role, assign, ensure_groups
-from ..services import Enqueue, ServiceError, input_fingerprint, task_start, task_stop
-from .desk import seed_demo_data
+from console.demo.desk import seed_demo_data
+from console.models import ACTIVE_STATES, Phase, Task, TaskState
+from console.records.roles import Role, assign, ensure_groups
+from console.services import Enqueue, ServiceError, input_fingerprint, task_start, task_stop
 
 logger = logging.getLogger(__name__)
 

@@ -9,14 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from guard import Call, Evidence, Finish, Kind, Result, Settlement
-from guard.adapters import ToolSpec
-
-from ..agents.base import Agent, Tool
-from ..agents.model import ChatAgent
-from . import desk
-from .models import Refund
-from .tools import (
+from console.agents.base import Agent, Tool
+from console.agents.model import ChatAgent
+from console.demo import desk
+from console.demo.models import Refund
+from console.demo.tools import (
     Field,
     check_input,
     desk_settlement,
@@ -26,6 +23,8 @@ from .tools import (
     order_tool,
     succeeded,
 )
+from guard import Call, Evidence, Finish, Kind, Result, Settlement
+from guard.adapters import ToolSpec
 
 _STEPS = ("order_lookup", "refund", "notify_customer")
 

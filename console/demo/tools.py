@@ -10,11 +10,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from console.agents.base import Tool
+from console.demo import desk
+from console.demo.models import Notice, OncePerKey, Order
 from guard import Call, Kind, Result, Settlement
-
-from ..agents.base import Tool
-from . import desk
-from .models import Notice, OncePerKey, Order
 
 _REQUIRED: Any = object()
 

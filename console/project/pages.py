@@ -21,7 +21,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from console.api_views import DATABASE_RETRY_AFTER_SECONDS, database_outage, database_unavailable
+from console.api.views import DATABASE_RETRY_AFTER_SECONDS, database_outage, database_unavailable
 
 __all__ = [
     "TIME_ZONE_COOKIE",

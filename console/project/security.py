@@ -28,7 +28,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils.cache import patch_cache_control
 
-from console.tokens import api_token_revoke_all
+from console.api.tokens import api_token_revoke_all
 
 __all__ = [
     "USERNAME_STORED",

@@ -16,9 +16,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
 from console.agents import agents_from_environment
-from console.logs import logging_config
 from console.project.environment import check_environment
-from console.spend import prices_from_environment
+from console.records.logs import logging_config
+from console.records.spend import prices_from_environment
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 
@@ -300,7 +300,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 # Whether the navigation offers the notifications page (admins only).
-                "console.notification_views.navigation",
+                "console.web.notification_views.navigation",
             ],
         },
     },
@@ -350,7 +350,8 @@ SECURE_HSTS_SECONDS = 0 if DEBUG else _HSTS_SECONDS
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
 SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
 
-# One line per event, with time, process and task id (console/logs.py; gunicorn uses it too).
+# One line per event, with time, process and task id (console/records/logs.py; gunicorn uses
+# it too).
 LOGGING = logging_config(env_str("DJANGO_LOG_LEVEL", "INFO"))
 # django-axes narrates every sign-in at INFO; its warnings (a failure, a lockout) are the
 # lines worth keeping.
@@ -392,7 +393,7 @@ if LOOPGUARD_MODEL_TIMEOUT_SECONDS <= 0 or LOOPGUARD_MODEL_RETRIES < 0:
 LOOPGUARD_MODEL_MAX_OUTPUT_TOKENS = env_int("LOOPGUARD_MODEL_MAX_OUTPUT_TOKENS", 1024)
 if LOOPGUARD_MODEL_MAX_OUTPUT_TOKENS < 1:
     raise ImproperlyConfigured("LOOPGUARD_MODEL_MAX_OUTPUT_TOKENS must be at least 1")
-# Spend: an integer count of the currency's minor unit (console/spend.py). Prices are
+# Spend: an integer count of the currency's minor unit (console/records/spend.py). Prices are
 # "model=input:output" in minor units per million tokens; the demo's scripted planner
 # stands in for a model priced at 2 and 8 dollars a million tokens.
 LOOPGUARD_CURRENCY = env_str("LOOPGUARD_CURRENCY", "USD")
@@ -447,7 +448,7 @@ LOOPGUARD_RECOVERY_LOOKUP_SECONDS = env_float("LOOPGUARD_RECOVERY_LOOKUP_SECONDS
 LOOPGUARD_RECOVERY_QUIET_SECONDS = env_float(
     "LOOPGUARD_RECOVERY_QUIET_SECONDS", 3 * LOOPGUARD_LEASE_SECONDS
 )
-# The runner prepares its few fixed statements (console/statements.py); off for poolers
+# The runner prepares its few fixed statements (console/store/statements.py); off for poolers
 # that cannot keep prepared statements.
 LOOPGUARD_PREPARED_STATEMENTS = env_bool("LOOPGUARD_PREPARED_STATEMENTS", True)
 # The same agent and input started more than this many times inside the window is held.
@@ -460,7 +461,7 @@ if LOOPGUARD_METRICS_TOKEN and (
 ):
     raise ImproperlyConfigured("LOOPGUARD_METRICS_TOKEN must be a secret of 16+ characters")
 
-# -- Notifications (console/notifications.py; docs/operator-guide.md, "Notifications") -----
+# -- Notifications (console/drivers/notifications.py; docs/operator-guide.md, "Notifications") -----
 # The console's address as people reach it (https://console.example.com), so that a notice
 # links straight to the page to act on. Unset, notices carry paths (/tasks/42/) only, and
 # the notifications page says so.
@@ -489,7 +490,7 @@ if LOOPGUARD_NOTIFY_BATCH_SECONDS < 0 or LOOPGUARD_NOTIFY_ATTEMPTS < 1:
     raise ImproperlyConfigured(
         "LOOPGUARD_NOTIFY_BATCH_SECONDS must be at least 0 and LOOPGUARD_NOTIFY_ATTEMPTS at least 1"
     )
-# Where webhooks may go (console/notifications.py, "where a webhook may go"). A webhook is a
+# Where webhooks may go (console/drivers/notifications.py, "where a webhook may go"). A webhook is a
 # request from inside the console's network to a URL an admin typed: by default only https,
 # only to public addresses (checked after resolution, at every delivery), so that an admin
 # session cannot read the metadata service, Redis or PostgreSQL through it. A receiver on

@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from console import metrics, notification_views, views
+from console.web import metrics, notification_views, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -38,5 +38,5 @@ urlpatterns = [
     path("logout", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", metrics.metrics, name="metrics"),
-    path("api/", include("console.api")),
+    path("api/", include("console.api.urls")),
 ]

@@ -23,11 +23,10 @@ from typing import Any, Protocol
 
 from django.db import connection
 
+from console.lifecycle import LostRace
+from console.models import Task
 from guard import Report, Usage
 from guard.steps import Claim, LedgerError, Operation
-
-from ..lifecycle import LostRace
-from ..models import Task
 
 
 class LeaseLost(LostRace):
@@ -188,10 +187,10 @@ class StepStore(Protocol):
 def open_store(task_id: int, owner: str) -> StepStore:
     """The step store of the default database for ``task_id`` driven by ``owner``."""
     if connection.vendor == "postgresql":
-        from .postgresql import PostgresStore
+        from console.store.postgresql import PostgresStore
 
         return PostgresStore(task_id, owner)
-    from .sqlite import SqliteStore
+    from console.store.sqlite import SqliteStore
 
     return SqliteStore(task_id, owner)
 

@@ -12,13 +12,12 @@ from typing import Any
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
+from console import lifecycle
+from console.models import Decision, EventKind, Operation, StepRequest, Task, TaskState, TraceEvent
+from console.store import Answer, LeaseLost, Record, Saved, Step
 from guard import Kind, Reason, Report, Usage
 from guard.steps import COMPLETED_KEPT, DIMENSIONS, OPERATION_MOVES, LedgerError
 from guard.steps import Operation as Entry
-
-from .. import lifecycle
-from ..models import Decision, EventKind, Operation, StepRequest, Task, TaskState, TraceEvent
-from . import Answer, LeaseLost, Record, Saved, Step
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ the task row (``FOR SHARE``, or the UPDATE of the step's save riding on the clai
 that a stop committed by an operator either precedes the claim (and is seen) or waits for
 it (and the execution it allows was decided before the stop).
 
-A step costs a handful of fixed texts, run as prepared statements (``console.statements``):
+A step costs a handful of fixed texts, run as prepared statements (``console.store.statements``):
 
 - the claim, carrying the step's save so far (the model call's event and counters) as
   its gate when the driver has one: one round trip, one synchronous commit;
@@ -34,15 +34,14 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
+from console.lifecycle import entry_of
+from console.models import Operation, Task
+from console.store import Answer, LeaseLost, Record, Saved, Step
+from console.store.base import _CLAIMED_FROM_SQL, _DIMENSIONS, BaseStore, _states
+from console.store.statements import fetch_one
 from guard import Result
 from guard.steps import CLAIM_ANSWERS, OPERATION_MOVES, Claim, ClaimStatus, LedgerError
 from guard.steps import Operation as Entry
-
-from ..lifecycle import entry_of
-from ..models import Operation, Task
-from ..statements import fetch_one
-from . import Answer, LeaseLost, Record, Saved, Step
-from .base import _CLAIMED_FROM_SQL, _DIMENSIONS, BaseStore, _states
 
 
 def _target(move: str) -> str:

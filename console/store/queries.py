@@ -4,7 +4,7 @@ that serialises the starts of one goal, and the probe of the health check.
 Like the step store's, each function takes values and returns values, and its SQL stays
 here, one variant per database where they differ (PostgreSQL; SQLite in standalone mode).
 Only the modules that run them import this one (``tests/test_architecture.py`` keeps the
-door): :mod:`console.tokens`, :mod:`console.services` and :mod:`console.health`.
+door): :mod:`console.api.tokens`, :mod:`console.services` and :mod:`console.web.health`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 from django.contrib.auth.models import User
 from django.db import connection
 
-from ..models import ApiToken
-from ..roles import Role, remember_roles
-from ..statements import fetch_one
+from console.models import ApiToken
+from console.records.roles import Role, remember_roles
+from console.store.statements import fetch_one
 
 __all__ = ["api_token_of", "database_answers", "lock_goal"]
 
@@ -41,14 +41,14 @@ def api_token_of(digest: str) -> ApiToken | None:
     """The token stored under ``digest`` (revoked or not) with its user, or None.
 
     PostgreSQL: one prepared statement, the user's roles remembered on the user
-    (:func:`console.roles.remember_roles`). SQLite: the ORM's join; the roles are read when
+    (:func:`console.records.roles.remember_roles`). SQLite: the ORM's join; the roles are read when
     first asked for.
     """
     if connection.vendor != "postgresql":
         return ApiToken.objects.select_related("user").filter(key_hash=digest).first()
     # Through the store's prepared statements, and so through their health check: a kept
     # connection that died while idle is replaced before this, every API request's first
-    # statement, is sent (console.statements).
+    # statement, is sent (console.store.statements).
     row = fetch_one(_TOKEN_SQL, [digest])
     if row is None:
         return None

@@ -18,14 +18,13 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from console.lifecycle import entry_of
+from console.models import Operation, OperationEvent, Task, TraceEvent
+from console.store import LeaseLost, Record, Saved, Step
+from console.store.base import _DIMENSIONS, BaseStore, _claimed_from, _states
+from console.store.statements import fetch_one
 from guard.steps import CLAIM_ANSWERS, OPERATION_MOVES, Claim, ClaimStatus, LedgerError
 from guard.steps import Operation as Entry
-
-from ..lifecycle import entry_of
-from ..models import Operation, OperationEvent, Task, TraceEvent
-from ..statements import fetch_one
-from . import LeaseLost, Record, Saved, Step
-from .base import _DIMENSIONS, BaseStore, _claimed_from, _states
 
 # One statement decides the claim (SQLite 3.35+ has upsert and RETURNING). The WHERE of
 # DO UPDATE makes the reclaim of a NOT_COMMITTED key a compare-and-set.

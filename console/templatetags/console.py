@@ -14,6 +14,7 @@ from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
 from console.models import AuditEntry, Task
+from console.records.spend import money
 from console.selectors import (
     ABSENT,
     Gauge,
@@ -23,7 +24,6 @@ from console.selectors import (
     report_budgets,
     summary_pending,
 )
-from console.spend import money
 from guard.steps import DIMENSIONS
 
 register = template.Library()
@@ -94,7 +94,7 @@ def grant_words(grant: Any) -> str:
 
 @register.filter(name="money")
 def as_money(amount: Any) -> str:
-    """Minor units of the currency as people read them (:func:`console.spend.money`)."""
+    """Minor units of the currency as people read them (:func:`console.records.spend.money`)."""
     return money(None if amount is None or amount == "" else int(amount))
 
 
@@ -232,7 +232,7 @@ def as_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=False)
 
 
-# -- dashboard charts (drawn by console.charts from console.selectors.Trends) ------------------
+# -- dashboard charts (drawn by console.web.charts from console.selectors.Trends) ------------------
 
 
 def _ms(value: float) -> str:
@@ -246,7 +246,7 @@ def _hour_labels(hours: list[datetime]) -> list[str]:
 @register.simple_tag
 def stops_chart(rows: list[tuple[str, int]], window: str) -> str:
     """Tasks stopped in ``window`` (``last 24 h``) by stop reason, as a bar chart."""
-    from console import charts
+    from console.web import charts
 
     return charts.bars(
         rows, title=f"Stops by reason, {window}", css="bar-stops", head=("reason", "tasks")
@@ -263,7 +263,7 @@ def activity_chart(trends: Any) -> str:
 @register.simple_tag
 def latency_chart(trends: Any) -> str:
     """Step latency per hour, p95 with p50 drawn inside it; a note where it cannot be had."""
-    from console import charts
+    from console.web import charts
 
     series = {"p95": trends.latency_p95, "p50": trends.latency_p50}
     title = "Step latency per hour (model calls and tool requests)"
@@ -274,7 +274,7 @@ def latency_chart(trends: Any) -> str:
 def _per_hour(trends: Any, series: dict[str, Any], *, title: str, **options: Any) -> str:
     """A column chart over the dashboard's last 24 hours: one column an hour of each series,
     drawn in its own ``bar-<name>`` class."""
-    from console import charts
+    from console.web import charts
 
     return charts.columns(
         _hour_labels(trends.hours),
@@ -288,7 +288,7 @@ def _per_hour(trends: Any, series: dict[str, Any], *, title: str, **options: Any
 @register.simple_tag
 def uncertain_chart(operations: list[Any]) -> str:
     """How long each uncertain write has waited for a reconciler, oldest first."""
-    from console import charts
+    from console.web import charts
 
     now = timezone.now()
     rows = [(op.key, max(1.0, (now - op.updated_at).total_seconds())) for op in operations]

@@ -2,10 +2,10 @@
 agents (``docs/protocol.md``, version 1), standard library only.
 
 :class:`RemoteGuard` offers the step-wise interface of the local :class:`guard.Guard`
-(:class:`guard.steps.StepGuard`), so ``guard.langchain.LoopGuardMiddleware`` and
-``guard.openai_agents.GuardedRun`` take it unchanged; every decision is the console's::
+(:class:`guard.steps.StepGuard`), so ``guard.contrib.langchain.LoopGuardMiddleware`` and
+``guard.contrib.openai_agents.GuardedRun`` take it unchanged; every decision is the console's::
 
-    from guard.langchain import LoopGuardMiddleware
+    from guard.contrib.langchain import LoopGuardMiddleware
     from guard.remote import RemoteGuard
 
     with RemoteGuard.start("https://console.example", token=token, agent="support-bot",

@@ -99,3 +99,28 @@ def test_a_small_run_prints_every_side_at_one_two_and_four_workers() -> None:
     else:
         assert "DBOS column skipped" in out
     assert "stop latency over 5 stops" in out
+
+
+def test_the_one_offs_it_names_are_functions_of_the_product() -> None:
+    # The statement count tells per-step work from once-per-drive work by these qualified
+    # names; a rename in the product would silently count a drive's lease or report as
+    # per-step work.
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    names: set[str] = set()
+    for path in [*(root / "console").rglob("*.py"), *(root / "guard").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef) and node.col_offset == 0:
+                names.add(node.name)
+            elif isinstance(node, ast.ClassDef):
+                names |= {
+                    f"{node.name}.{item.name}"
+                    for item in node.body
+                    if isinstance(item, ast.FunctionDef)
+                }
+
+    assert sorted(bench._ONE_OFF - names) == []
+    # ... and the driver's own frames by the runner's package, console/drivers/runner/.
+    assert (root / "console" / "drivers" / "runner" / "driver.py").is_file()

@@ -8,7 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from console import lifecycle
-from console.ledger import DatabaseLedger
+from console.drivers.ledger import DatabaseLedger
 from console.models import Operation, Task, TaskState
 from guard import Call
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from console import runner
+from console.drivers import runner
 from console.models import Approval, Task
 
 REFUND = {"order": 42, "amount_cents": 1500, "reason": "damaged", "approve_above_cents": 1000}

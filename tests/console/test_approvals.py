@@ -7,8 +7,9 @@ from collections.abc import Callable
 import pytest
 from django.contrib.auth.models import User
 
-from console import runner, services
+from console import services
 from console.demo.models import Refund
+from console.drivers import runner
 from console.models import (
     Approval,
     ApprovalState,

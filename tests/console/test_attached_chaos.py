@@ -29,10 +29,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connection
 
-from console import runner
+from console.api.tokens import api_token_issue
+from console.drivers import runner
 from console.models import Operation, OperationState, StopReport, Task, TaskState
-from console.roles import Role, assign
-from console.tokens import api_token_issue
+from console.records.roles import Role, assign
 from tests.console.attached_agent import notice
 from tests.live_console import LiveConsole, serve
 from tests.up_process import ROOT

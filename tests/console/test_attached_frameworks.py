@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
+from console.api.tokens import api_token_issue
 from console.models import Operation, OperationState, Task, TaskState
-from console.roles import Role, assign
-from console.tokens import api_token_issue
+from console.records.roles import Role, assign
 from guard.adapters import tool_effects
 from guard.remote import RemoteGuard
 
@@ -28,8 +28,8 @@ pytest.importorskip("openai")
 from langchain.agents import create_agent
 from langchain_core.messages import BaseMessage
 
-from guard.langchain import LoopGuardMiddleware
-from guard.openai_agents import GuardedRun
+from guard.contrib.langchain import LoopGuardMiddleware
+from guard.contrib.openai_agents import GuardedRun
 from tests.guard.integrations import test_langchain as lc
 from tests.guard.integrations import test_openai_agents as sdk
 from tests.guard.integrations import test_plain_openai_loop as plain

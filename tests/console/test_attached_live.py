@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from console import runner
+from console.api.tokens import api_token_issue
+from console.drivers import runner
 from console.models import Operation, OperationEvent, OperationState, StepRequest, Task, TaskState
-from console.roles import Role, assign
-from console.tokens import api_token_issue
+from console.records.roles import Role, assign
 from guard import Call, Finish, Kind, Report, Result
 from guard.remote import ConsoleUnreachable, RemoteGuard
 from guard.steps import Action

@@ -14,12 +14,14 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from console import inputs, runner, services
-from console.inputs import KEPT_DEPTH, MAX_DEPTH, InputRefused
+from console import services
+from console.api.tokens import api_token_issue
+from console.drivers import runner
 from console.models import AuditEntry, Operation, OperationState, Task, TaskState
-from console.redaction import redact
-from console.roles import Role, assign
-from console.tokens import api_token_issue
+from console.records import inputs
+from console.records.inputs import KEPT_DEPTH, MAX_DEPTH, InputRefused
+from console.records.redaction import redact
+from console.records.roles import Role, assign
 
 from . import test_model_agent as chat
 from .api.helpers import ApiClient, bearer, unknown_operation

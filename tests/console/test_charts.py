@@ -11,11 +11,11 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from console import charts
-from console.charts import Series
 from console.models import Task, TaskState, TraceEvent
-from console.roles import Role, assign
+from console.records.roles import Role, assign
 from console.selectors import trends
+from console.web import charts
+from console.web.charts import Series
 
 from .views.support import ATTRIBUTE_BREAKER, XSS, XSS_ESCAPED, unknown_operation
 

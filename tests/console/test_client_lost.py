@@ -19,7 +19,9 @@ from django.test import Client as Browser
 from django.test import override_settings
 from django.utils import timezone
 
-from console import notifications, runner, services
+from console import services
+from console.api.tokens import api_token_issue
+from console.drivers import notifications, runner
 from console.models import (
     EventKind,
     NoticeKind,
@@ -34,9 +36,8 @@ from console.models import (
     TaskState,
     TraceEvent,
 )
-from console.roles import Role, assign
+from console.records.roles import Role, assign
 from console.templatetags.console import stamp
-from console.tokens import api_token_issue
 from tests.console.api.helpers import Caller, bearer
 from tests.console.api.test_attached import Client
 from tests.processes import run_settings

@@ -22,8 +22,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connection
 
-from console.roles import Role, assign
-from console.tokens import api_token_issue
+from console.api.tokens import api_token_issue
+from console.records.roles import Role, assign
 from tests.live_console import Answer, LiveConsole, serve
 from tests.waiting import wait_for
 

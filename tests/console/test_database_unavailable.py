@@ -22,10 +22,10 @@ from django.db import close_old_connections, connection
 from django.test import Client
 from pytest_django import Settings
 
-from console.api_views import DATABASE_RETRY_AFTER_SECONDS
+from console.api.tokens import api_token_issue
+from console.api.views import DATABASE_RETRY_AFTER_SECONDS
 from console.models import Task
-from console.roles import Role, assign
-from console.tokens import api_token_issue
+from console.records.roles import Role, assign
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

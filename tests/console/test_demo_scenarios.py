@@ -14,7 +14,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection
 
-from console import runner, services
+from console import services
 from console.demo.agents import LongRunner
 from console.demo.models import Refund
 from console.demo.scenarios import (
@@ -26,6 +26,7 @@ from console.demo.scenarios import (
     demo_tasks,
     demo_users,
 )
+from console.drivers import runner
 from console.models import Approval, ApprovalState, Task, TaskState
 from guard import Limits
 

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from console import runner
 from console.agents import Agent, Tool
+from console.api.tokens import api_token_issue
+from console.drivers import runner
 from console.models import StopReport, Task
-from console.roles import Role, assign
-from console.tokens import api_token_issue
+from console.records.roles import Role, assign
 from guard import Call, Evidence, Finish, Report, Result
 from guard.adapters import tool_effects
 from guard.remote import RemoteGuard

@@ -43,9 +43,11 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.resolvers import RegexPattern
 
-from console import attached, inputs, openapi, runner, services
+from console import services
+from console.api import openapi
+from console.api.tokens import api_token_issue
 from console.demo.desk import seed_demo_data
-from console.forms import ApprovalForm, BulkForm, ResolveForm, ResumeForm, StartForm, StopForm
+from console.drivers import attached, runner
 from console.models import (
     Approval,
     AuditAction,
@@ -54,9 +56,10 @@ from console.models import (
     Operation,
     Task,
 )
-from console.notification_views import ChannelForm, ReasonForm
-from console.roles import Role, assign
-from console.tokens import api_token_issue
+from console.records import inputs
+from console.records.roles import Role, assign
+from console.web.forms import ApprovalForm, BulkForm, ResolveForm, ResumeForm, StartForm, StopForm
+from console.web.notification_views import ChannelForm, ReasonForm
 
 from .views.support import PERSONAS, finish, unknown_operation
 

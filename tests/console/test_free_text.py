@@ -17,8 +17,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from console import runner, services
+from console import services
 from console.agents import Agent, Tool
+from console.api.tokens import api_token_issue
+from console.drivers import runner
 from console.models import (
     AuditEntry,
     Operation,
@@ -29,9 +31,8 @@ from console.models import (
     Task,
     TaskState,
 )
-from console.redaction import MAX_DEPTH, REDACTED, redact_text
-from console.roles import Role, assign
-from console.tokens import api_token_issue
+from console.records.redaction import MAX_DEPTH, REDACTED, redact_text
+from console.records.roles import Role, assign
 from guard import Call, Evidence, Finish, Kind, Result
 from tests.console.api.helpers import bearer, unknown_operation
 from tests.console.views.support import streamed

@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 from pytest_django import Settings
 
-from console import health
+from console.web import health
 
 pytestmark = pytest.mark.django_db
 

@@ -2,7 +2,7 @@
 
 Each test is a finding of the outside probe: a value that was a server error, was stored
 other than it was sent, or was taken at one door and refused at another. The bounds are
-``console.inputs``' constants, documented in docs/protocol.md and docs/api.md.
+``console.records.inputs``' constants, documented in docs/protocol.md and docs/api.md.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from console import services
-from console.inputs import (
+from console.api.tokens import api_token_issue
+from console.models import AuditEntry, Operation, OperationState, StepRequest, Task, TraceEvent
+from console.records.inputs import (
     KEPT_DEPTH,
     MAX_ANSWER_BYTES,
     MAX_ARGS_BYTES,
@@ -27,9 +29,7 @@ from console.inputs import (
     MAX_TEXT_CHARS,
     json_size,
 )
-from console.models import AuditEntry, Operation, OperationState, StepRequest, Task, TraceEvent
-from console.roles import Role, assign
-from console.tokens import api_token_issue
+from console.records.roles import Role, assign
 
 from .api.helpers import ApiClient, bearer, unknown_operation
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from console import charts
-from console.charts import Series
+from console.web import charts
+from console.web.charts import Series
 
 CSS = (Path(__file__).parents[2] / "static" / "console" / "console.css").read_text()
 HEX = r"#[0-9a-fA-F]{6}"

@@ -23,7 +23,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from console import services
-from console.ledger import DatabaseLedger
+from console.drivers.ledger import DatabaseLedger
 from console.models import (
     Operation,
     OperationEvent,
@@ -32,7 +32,7 @@ from console.models import (
     TaskState,
     TraceEvent,
 )
-from console.roles import Role, assign
+from console.records.roles import Role, assign
 from console.store import LeaseLost, Step
 from guard import Call, Kind, Result
 from guard.steps import ClaimStatus, LedgerError

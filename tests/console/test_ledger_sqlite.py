@@ -37,7 +37,7 @@ import django
 django.setup()
 from django.core.management import call_command
 from django.utils import timezone
-from console.ledger import DatabaseLedger
+from console.drivers.ledger import DatabaseLedger
 from console.models import Task
 call_command("migrate", verbosity=0)
 processes, fingerprint, retry_keys = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
@@ -160,7 +160,8 @@ import django
 django.setup()
 from django.contrib.auth.models import User
 from django.core.management import call_command
-from console import runner, services
+from console import services
+from console.drivers import runner
 from console.models import Operation, Task, TraceEvent
 from tests.console.agents import NoticeWriter
 call_command("migrate", verbosity=0)
@@ -255,7 +256,8 @@ from django.core.management import call_command
 from django.db import DatabaseError, connection
 from django.utils import timezone
 from datetime import timedelta
-from console import runner, services
+from console import services
+from console.drivers import runner
 from console.demo.models import Notice
 from console.models import Operation, Task
 from tests.console.agents import NoticeWriter
@@ -377,7 +379,7 @@ import django
 django.setup()
 from django.contrib.auth.models import User
 from django.core.management import call_command
-from console import attached
+from console.drivers import attached
 from console.models import Operation, StepRequest
 call_command("migrate", verbosity=0)
 user = User.objects.create_user("bot")

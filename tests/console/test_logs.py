@@ -12,17 +12,17 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from console.logs import LineFormatter, TaskFilter, escape
-from console.roles import Role, assign
+from console.api.tokens import api_token_issue
+from console.records.logs import LineFormatter, TaskFilter, escape
+from console.records.roles import Role, assign
 from console.services import task_start
-from console.tokens import api_token_issue
 from tests.console.api.helpers import bearer
 
 pytestmark = pytest.mark.django_db
 
 # Every record's own line starts with its time; anything else is a traceback's continuation.
 RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
-FORGED = "2026-12-01 00:00:00,000 web[1] INFO task=- console.runner: FORGED"
+FORGED = "2026-12-01 00:00:00,000 web[1] INFO task=- console.drivers.runner: FORGED"
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ def test_a_traceback_keeps_its_lines_but_none_of_them_passes_for_a_record(
     try:
         raise ValueError(f"bad path /api/x\r\n{FORGED}")
     except ValueError:
-        logging.getLogger("console.api_views").exception("API %s %s failed", "GET", f"/a\n{FORGED}")
+        logging.getLogger("console.api.views").exception("API %s %s failed", "GET", f"/a\n{FORGED}")
 
     lines = log.getvalue().splitlines()
     assert len(records(log.getvalue())) == 1, lines

@@ -20,10 +20,12 @@ from typing import Any
 
 import pytest
 
-from console import runner, services, statements
+from console import services
 from console.demo.desk import seed_demo_data
 from console.demo.models import Notice, Refund
+from console.drivers import runner
 from console.models import Operation, OperationState, StopReport, Task, TaskState, TraceEvent
+from console.store import statements
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -422,7 +424,7 @@ def test_after_an_approved_resumption_the_model_learns_what_ran_before_the_stop(
     """An operator stopped the task between the two writes of one reply. In the next phase
     the model is told the refund was made (its result) and the notice was not run."""
     from console.demo.support_desk import SupportDeskModel
-    from console.roles import Role, assign
+    from console.records.roles import Role, assign
 
     boss = django_user_model.objects.create_user("boss")
     assign(boss, [Role.OPERATOR, Role.APPROVER])

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from django.contrib.auth.models import User
 
-from console import notifications
+from console.drivers import notifications
 from console.models import AuditEntry, Notice, NoticeState, NotificationChannel
 from tests.processes import run_settings
 

@@ -12,9 +12,9 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
-from console import notifications
+from console.drivers import notifications
 from console.models import ChannelTransport, NotificationChannel
-from console.notification_views import ChannelForm
+from console.web.notification_views import ChannelForm
 
 TRANSPORTS = notifications.TRANSPORTS
 KINDS = sorted(TRANSPORTS)

@@ -30,7 +30,8 @@ from django.contrib.auth.models import User
 from django.db import connections, transaction
 from django.utils import timezone
 
-from console import lifecycle, notifications
+from console import lifecycle
+from console.drivers import notifications
 from console.models import (
     AuditEntry,
     Notice,

@@ -26,10 +26,11 @@ from django.db import connection
 from django.utils import timezone
 from pytest_django import Settings
 
-from console import lifecycle, runner, services
+from console import lifecycle, services
 from console.agents import Agent, Tool
 from console.demo import desk
 from console.demo.models import Notice
+from console.drivers import runner
 from console.models import (
     AuditEntry,
     NotificationEvent,

@@ -15,9 +15,10 @@ from django.contrib.auth.models import User
 from django.db import DatabaseError, connection, connections
 from django.utils import timezone
 
-from console import runner, services, statements
+from console import services
 from console.demo.models import Notice
-from console.ledger import DatabaseLedger
+from console.drivers import runner
+from console.drivers.ledger import DatabaseLedger
 from console.models import (
     Operation,
     OperationState,
@@ -27,7 +28,7 @@ from console.models import (
     TaskState,
     TraceEvent,
 )
-from console.store import postgresql
+from console.store import postgresql, statements
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,7 +11,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from console import lifecycle, services
-from console.ledger import DatabaseLedger
+from console.drivers.ledger import DatabaseLedger
 from console.models import (
     AuditEntry,
     Operation,

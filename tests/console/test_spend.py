@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from console import runner
+from console.drivers import runner
 from console.models import StopReport, Task, TaskState, TraceEvent
-from console.spend import money, prices_from_environment
+from console.records.spend import money, prices_from_environment
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,7 +15,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from console import lifecycle, runner
+from console import lifecycle
+from console.drivers import runner
 from console.models import Operation, OperationEvent, Task, TaskState, TraceEvent
 from console.store import LeaseLost, Record, Step, open_store
 from guard import Guard, Kind, OperationState, Result

@@ -16,9 +16,9 @@ from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from console.roles import Role, assign, roles_of
+from console.api.tokens import api_token_digest, api_token_issue, api_token_revoke
+from console.records.roles import Role, assign, roles_of
 from console.store.queries import api_token_of, database_answers, lock_goal
-from console.tokens import api_token_digest, api_token_issue, api_token_revoke
 
 
 def _other_session() -> psycopg.Connection[tuple[object, ...]]:

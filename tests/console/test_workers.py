@@ -32,7 +32,7 @@ from console.models import (
     TaskState,
     TraceEvent,
 )
-from console.roles import Role, assign
+from console.records.roles import Role, assign
 from console.tasks import run_task
 from tests import workers
 from tests.workers import wait_for

@@ -124,7 +124,7 @@ def test_the_app_waits_for_migrations_which_wait_for_postgres(
 def test_long_running_services_have_health_checks(services: dict[str, dict[str, Any]]) -> None:
     for name in ("postgres", "redis", "web", "worker"):
         assert services[name].get("healthcheck", {}).get("test"), f"{name} has a health check"
-    assert "console/healthcheck.py" in services["web"]["healthcheck"]["test"]
+    assert "console/project/healthcheck.py" in services["web"]["healthcheck"]["test"]
     assert "inspect ping" in " ".join(services["worker"]["healthcheck"]["test"])
 
 

@@ -26,9 +26,9 @@ from django.contrib.auth.models import User
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
+from console.api.tokens import api_token_issue
 from console.models import Operation, OperationState, Task, TaskState
-from console.roles import Role, assign
-from console.tokens import api_token_issue
+from console.records.roles import Role, assign
 from tests.docs.test_integration_examples import example_source, promised_output
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +92,7 @@ def test_the_guard_wheel_holds_guard_alone(wheels: dict[str, Path]) -> None:
 
     tops = {name.split("/")[0] for name in names}
     assert tops == {"guard", f"loopguard_guard-{version}.dist-info"}  # no console/
-    assert {"guard/__init__.py", "guard/remote/__init__.py", "guard/langchain.py"} <= names
+    assert {"guard/__init__.py", "guard/remote/__init__.py", "guard/contrib/langchain.py"} <= names
     # Every module of the checkout's guard/, its packages' too (guard/remote/ is one).
     checkout = ROOT / "guard"
     assert {f"guard/{p.relative_to(checkout).as_posix()}" for p in checkout.rglob("*.py")} <= names
@@ -132,7 +132,11 @@ def test_the_console_wheel_ships_no_copy_of_the_guard(wheels: dict[str, Path]) -
     names = set(files(wheels[CONSOLE]))
 
     assert not [name for name in names if name.startswith("guard/")]
-    assert {"console/__init__.py", "console/attached.py", "console/migrations/__init__.py"} <= names
+    assert {
+        "console/__init__.py",
+        "console/drivers/attached.py",
+        "console/migrations/__init__.py",
+    } <= names
 
 
 def test_the_console_wheel_depends_on_the_guard_of_its_own_version(

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 from pytest_django.fixtures import Settings
 
-from console import runner, services
+from console import services
 from console.demo import desk
 from console.demo.models import Notice
+from console.drivers import runner
 from console.models import Operation, OperationState, Task, TaskState, TraceEvent
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "agent-guide.md"

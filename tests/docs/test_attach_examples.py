@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
+from console.api.tokens import api_token_issue
 from console.models import Operation, OperationState, Task, TaskState
-from console.roles import Role, assign
-from console.tokens import api_token_issue
+from console.records.roles import Role, assign
 
 from .test_integration_examples import example_source, promised_output, run_example
 

@@ -37,7 +37,7 @@ SHORT = {
     "selectors": "console.selectors",
     "StepStore": "console.store.StepStore",
     "Saved": "console.store.Saved",
-    "DatabaseLedger": "console.ledger.DatabaseLedger",
+    "DatabaseLedger": "console.drivers.ledger.DatabaseLedger",
 }
 SHORT_PATTERN = "|".join(SHORT)
 GUARD_NAMES = sorted(set(re.findall(rf"`((?:{SHORT_PATTERN})\.[\w.]+)`", PAGE)))

@@ -27,7 +27,7 @@ from playwright.sync_api import (
 
 from console.demo.desk import seed_demo_data
 from console.project.celery import app as celery_app
-from console.roles import Role, assign
+from console.records.roles import Role, assign
 from tests.workers import Worker, start_worker, stop_worker
 from tests.workers import wait_for as wait_for  # test_console.py imports it from here
 

@@ -17,7 +17,7 @@ from playwright.sync_api import Page, expect
 
 from console.demo.models import Refund
 from console.models import Approval, Task, TaskState
-from console.roles import Role
+from console.records.roles import Role
 from console.services import task_start
 from tests.console.held import REFUND
 from tests.workers import Worker, wait_for

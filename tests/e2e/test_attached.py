@@ -17,9 +17,9 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
+from console.api.tokens import api_token_issue
 from console.models import StepRequest, Task, TaskState
-from console.roles import Role
-from console.tokens import api_token_issue
+from console.records.roles import Role
 from guard import Call, Kind, Report, Result
 from guard.remote import RemoteGuard
 from guard.steps import Action

@@ -19,7 +19,7 @@ from playwright.sync_api import Locator, Page, expect
 
 from console import services
 from console.models import AuditEntry, EventKind, Task, TaskState, TraceEvent
-from console.roles import Role
+from console.records.roles import Role
 
 from .conftest import CHROMIUM, Console, Worker, wait_for
 

@@ -26,10 +26,10 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from console import attached, notifications, runner
 from console.demo.desk import seed_demo_data
+from console.drivers import attached, notifications, runner
 from console.models import Approval, Operation, OperationState, Task, TaskState
-from console.roles import Role, assign
+from console.records.roles import Role, assign
 from console.services import approval_reject, task_start
 from tests.console.held import REFUND
 

@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 
 import guard
-from guard._integrations import INTEGRATIONS as TABLE
+from guard.contrib import INTEGRATIONS as TABLE
 
 GUARD_DIR = Path(guard.__file__).resolve().parent
 # Every module, its packages' too (guard/remote/), by its path in guard/: "remote/_guard.py".
 MODULES = sorted(GUARD_DIR.rglob("*.py"))
 CONSOLE_STACK = ("django", "celery", "kombu", "psycopg", "psycopg2", "redis")
-# The framework integrations (guard/_integrations.py): each imports its own framework (an
+# The framework integrations (guard/contrib/__init__.py): each imports its own framework (an
 # optional extra) and nothing else from outside; `import guard` loads none of them.
-INTEGRATIONS = {f"{i.module.rpartition('.')[2]}.py": i.imports for i in TABLE}
+INTEGRATIONS = {i.module.removeprefix("guard.").replace(".", "/") + ".py": i.imports for i in TABLE}
 FRAMEWORKS = {root for roots in INTEGRATIONS.values() for root in roots} | {"openai"}
 
 

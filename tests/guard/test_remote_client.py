@@ -491,7 +491,7 @@ def test_a_langchain_agent_runs_no_tool_when_the_console_stops_answering(
     from langchain_core.tools import tool
 
     from guard.adapters import ToolSpec
-    from guard.langchain import LoopGuardMiddleware
+    from guard.contrib.langchain import LoopGuardMiddleware
 
     class Model(FakeMessagesListChatModel):
         def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Model:
@@ -1053,7 +1053,7 @@ def test_a_remote_guard_offers_the_step_wise_interface(console: Console) -> None
 
 def test_the_integrations_take_a_remote_guard(console: Console) -> None:
     pytest.importorskip("agents")
-    from guard.openai_agents import GuardedRun
+    from guard.contrib.openai_agents import GuardedRun
 
     remote = start(console)
     assert GuardedRun(remote).guard is remote

@@ -7,9 +7,9 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from console.roles import roles_of
+from console.api.tokens import api_token_issue
+from console.records.roles import roles_of
 from console.services import ServiceError
-from console.tokens import api_token_issue
 
 
 class Command(BaseCommand):

@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from console.roles import Role, assign
+from console.records.roles import Role, assign
 
 
 class Command(BaseCommand):

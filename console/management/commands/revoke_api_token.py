@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from console.api.tokens import api_token_revoke
 from console.services import NotFound
-from console.tokens import api_token_revoke
 
 
 class Command(BaseCommand):

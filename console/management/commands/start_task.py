@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from console.agents import agent_class, agent_names
-from console.inputs import InputRefused, check_kept, load_json, unstorable
+from console.records.inputs import InputRefused, check_kept, load_json, unstorable
 from console.services import ServiceError, task_start
 
 

@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from django.contrib.auth.models import User
 
-from console.roles import Role, assign
-from console.tokens import api_token_issue
+from console.api.tokens import api_token_issue
+from console.records.roles import Role, assign
 
 from .helpers import Caller, bearer
 

@@ -14,7 +14,7 @@ from jsonschema import Draft202012Validator
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
-from console import openapi
+from console.api import openapi
 from console.models import ApiToken, Operation, Task
 from tests.console import doubt
 

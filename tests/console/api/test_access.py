@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from console import services
 from console.models import ApiToken, AuditEntry, Task, TaskState
-from console.roles import Role
+from console.records.roles import Role
 
 from .helpers import JSON, ApiClient, Caller, bearer, error, unknown_operation
 

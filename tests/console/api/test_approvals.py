@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from console import runner
 from console.demo.models import Refund
+from console.drivers import runner
 from console.models import Approval, AuditAction, AuditEntry, Task, TaskState
-from console.roles import Role
+from console.records.roles import Role
 
 from .helpers import Caller, error
 

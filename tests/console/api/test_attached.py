@@ -16,7 +16,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from console import attached, runner, services
+from console import services
+from console.drivers import attached, runner
 from console.models import (
     EventKind,
     Operation,
@@ -27,7 +28,7 @@ from console.models import (
     TaskState,
     TraceEvent,
 )
-from console.roles import Role
+from console.records.roles import Role
 
 from .helpers import Caller, error
 

@@ -10,7 +10,7 @@ import pytest
 
 from console import services
 from console.models import AuditEntry, StopReport, Task, TaskState
-from console.roles import Role
+from console.records.roles import Role
 
 from .helpers import Caller
 from .test_attached import Client

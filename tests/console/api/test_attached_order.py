@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from console.models import Operation, Task, TraceEvent
-from console.roles import Role
+from console.records.roles import Role
 
 from .helpers import Caller
 from .test_attached import Client

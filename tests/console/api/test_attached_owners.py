@@ -15,9 +15,10 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
-from console import runner, services
+from console import services
+from console.drivers import runner
 from console.models import AuditEntry, Operation, OperationState, Task, TaskState
-from console.roles import Role
+from console.records.roles import Role
 
 from .helpers import Caller, error
 from .test_attached import Client

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from console import runner
+from console.drivers import runner
 from console.models import (
     AuditAction,
     AuditEntry,
@@ -23,7 +23,7 @@ from console.models import (
     TaskState,
     TraceEvent,
 )
-from console.roles import Role
+from console.records.roles import Role
 
 from .helpers import Caller, error
 from .test_attached import Client

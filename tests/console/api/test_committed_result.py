@@ -11,7 +11,7 @@ import pytest
 
 from console import services
 from console.models import AuditEntry, Operation, OperationState, Task, TaskState
-from console.roles import Role
+from console.records.roles import Role
 
 from .helpers import Caller, error, unknown_operation
 from .test_attached import Client

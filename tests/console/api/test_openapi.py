@@ -15,9 +15,10 @@ from django.test import Client
 from django.urls import URLPattern, resolve
 from openapi_spec_validator import OpenAPIV31SpecValidator, validate
 
-from console import api, openapi
-from console.roles import Role
-from console.serializers import ErrorCode
+from console.api import openapi
+from console.api import urls as api
+from console.api.serializers import ErrorCode
+from console.records.roles import Role
 
 from .helpers import JSON, ApiClient, Caller, conform, document, error
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from console.ledger import DatabaseLedger
+from console.drivers.ledger import DatabaseLedger
 from console.models import AuditEntry, Operation, OperationEvent, OperationState, Task, TaskState
-from console.roles import Role
+from console.records.roles import Role
 
 from .helpers import Caller, error, unknown_operation
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from console.models import AuditEntry, Task, TaskState
-from console.roles import Role
+from console.records.roles import Role
 
 from .helpers import JSON, Caller, error
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from console.models import AuditEntry, Task, TaskState
-from console.roles import Role
+from console.records.roles import Role
 
 from .helpers import Caller, error
 

@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from console.models import ApiToken
-from console.roles import Role, assign
+from console.records.roles import Role, assign
 
 from .helpers import Caller, bearer
 

@@ -12,9 +12,9 @@ from django.contrib.sessions.models import Session
 from django.test import Client
 from django.utils import timezone
 
+from console.api.tokens import api_token_issue
 from console.models import Task
-from console.roles import Role, assign
-from console.tokens import api_token_issue
+from console.records.roles import Role, assign
 from tests.processes import run_settings
 
 from ..views.support import finish

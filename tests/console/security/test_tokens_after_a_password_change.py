@@ -12,9 +12,9 @@ from django.core.management import call_command
 from django.test import Client
 from pytest_django.fixtures import Settings
 
+from console.api.tokens import api_token_issue
 from console.models import ApiToken
-from console.roles import Role, assign
-from console.tokens import api_token_issue
+from console.records.roles import Role, assign
 
 PASSWORD = "the-old-password"
 

@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from console.roles import assign
+from console.records.roles import assign
 
 from .support import (
     KEY,

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from console import lifecycle
 from console.models import AuditEntry, Operation, Task, TaskState, TraceEvent
-from console.roles import Role
+from console.records.roles import Role
 from tests.console import doubt
 
 Start = Callable[..., Task]

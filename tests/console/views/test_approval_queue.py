@@ -10,8 +10,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from console import runner
 from console.demo.models import Refund
+from console.drivers import runner
 from console.models import (
     Approval,
     ApprovalState,

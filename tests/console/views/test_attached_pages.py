@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 
-from console import attached, services
+from console import services
+from console.drivers import attached
 from console.models import Task
 from tests.console.doubt import unknown_operation
 

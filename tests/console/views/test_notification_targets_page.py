@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from console import notifications
+from console.drivers import notifications
 from console.models import AuditEntry, Notice, NoticeAttempt, NotificationChannel
 from tests.console.test_notification_targets import REFUSED_FORMS, REFUSED_URLS
 from tests.console.test_notifications import SECRET, Receiver, receiving

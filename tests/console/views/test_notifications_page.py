@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from console import notifications
+from console.drivers import notifications
 from console.models import AuditEntry, Notice, NoticeAttempt, NoticeState, NotificationChannel
 from console.tasks import deliver_notice
 from tests.console.test_notifications import SECRET, Receiver, receiving

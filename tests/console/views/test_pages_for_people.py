@@ -145,7 +145,7 @@ def test_every_page_starts_with_a_link_past_the_navigation(signed_in: SignIn) ->
 def test_the_resume_page_names_budgets_in_words_and_the_phases_show_the_grant_so(
     signed_in: SignIn, start: Start
 ) -> None:
-    from console import runner
+    from console.drivers import runner
 
     task = start("test_reader", {"pages": 9}, model_calls=2)
     runner.drive(task.id)  # out of model calls

@@ -107,7 +107,7 @@ def test_the_audit_log_and_dashboard_cost_the_same_queries_for_150_entries_as_fo
 
 def _held_refunds(start: Start, first: int, last: int) -> None:
     """Refunds over the limit, each held for approval as the runner holds it."""
-    from console import runner
+    from console.drivers import runner
 
     for n in range(first, last):
         task = start(

@@ -8,10 +8,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from console import runner
 from console.demo.agents import BudgetBurner
+from console.drivers import runner
+from console.drivers.runner.model import ModelCall
 from console.models import StopReport, Task
-from console.runner.model import ModelCall
 
 from .support import XSS, XSS_ESCAPED, SignIn, Start, body, finish, running
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.ledger import DatabaseLedger
+from console.drivers.ledger import DatabaseLedger
 from console.models import AuditEntry, Operation, OperationState, Phase, Task
 
 from .support import (

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from console import runner, services
+from console import services
+from console.drivers import runner
 from console.models import Task
 
 from .support import SignIn, Start, body, finish

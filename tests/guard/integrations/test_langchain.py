@@ -1,4 +1,4 @@
-"""The LangChain v1 middleware (guard/langchain.py) on real ``create_agent`` agents.
+"""The LangChain v1 middleware (guard/contrib/langchain.py) on real ``create_agent`` agents.
 
 The model is LangChain's own offline double (``FakeMessagesListChatModel``, scripted, with
 the ``bind_tools`` it lacks); the tools are real ``@tool`` functions that count their
@@ -27,7 +27,7 @@ from langchain_core.tools import BaseTool, tool
 
 from guard import Call, Evidence, Finish, Guard, InMemoryLedger, Limits, Result
 from guard.adapters import ToolSpec, tool_effects
-from guard.langchain import REPORT_KEY, LoopGuardMiddleware
+from guard.contrib.langchain import REPORT_KEY, LoopGuardMiddleware
 
 NO_RETRY_INVITATION = re.compile(r"retry|try again", re.IGNORECASE)
 

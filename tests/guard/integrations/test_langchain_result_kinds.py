@@ -25,7 +25,7 @@ from langgraph.types import Command
 
 from guard import Guard, InMemoryLedger, Kind, Limits, Report, Result
 from guard.adapters import ToolSpec, tool_effects
-from guard.langchain import LoopGuardMiddleware
+from guard.contrib.langchain import LoopGuardMiddleware
 
 from ..support import Clock
 

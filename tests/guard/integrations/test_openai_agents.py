@@ -19,7 +19,7 @@ from agents.items import ToolCallOutputItem  # noqa: E402
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call  # noqa: E402
 
 from guard import Call, Evidence, Finish, Guard, Limits, OperationState, Result  # noqa: E402
-from guard.openai_agents import GuardedOutcome, GuardedRun, GuardStopped  # noqa: E402
+from guard.contrib.openai_agents import GuardedOutcome, GuardedRun, GuardStopped  # noqa: E402
 
 LIMITS = Limits(deadline_ms=60_000, model_calls=8, requests=8, executions=6, same=2, stagnant=3)
 QUIET = RunConfig(tracing_disabled=True)  # no trace export to OpenAI from the tests

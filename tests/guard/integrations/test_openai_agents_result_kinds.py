@@ -19,7 +19,7 @@ from agents.items import ToolCallOutputItem
 from agents.testing import ScriptedModel, assistant_message, function_call
 
 from guard import Call, Evidence, Finish, Guard, Kind, Limits, OperationState, Result
-from guard.openai_agents import GuardedOutcome, GuardedRun
+from guard.contrib.openai_agents import GuardedOutcome, GuardedRun
 
 LIMITS = Limits(deadline_ms=60_000, model_calls=12, requests=12, executions=10, polls=5)
 QUIET = RunConfig(tracing_disabled=True)  # no trace export to OpenAI from the tests

@@ -42,8 +42,8 @@ from guard import (
     Result,
 )
 from guard.adapters import ToolSpec, tool_effects
-from guard.langchain import LoopGuardMiddleware
-from guard.openai_agents import GuardedRun
+from guard.contrib.langchain import LoopGuardMiddleware
+from guard.contrib.openai_agents import GuardedRun
 from guard.steps import ENDED_WITHOUT_ANSWER
 
 from ..support import Clock

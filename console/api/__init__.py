@@ -1,0 +1,1 @@
+"""The JSON API: its URL map, views, serializers, OpenAPI description and tokens."""

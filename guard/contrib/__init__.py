@@ -1,0 +1,39 @@
+"""The framework integrations, named once: for each, the module of ``guard/`` that drives the
+guard from one agent framework, the extra of the guard's distribution that installs that
+framework, and the top-level packages the module may import beside the standard library.
+
+Nothing in the guard imports this table (``import guard`` loads no integration and no
+framework). ``manage.py test`` installs every extra it names, and the tests hold each
+module to its imports and the extras of pyproject.toml to the table. It imports nothing of
+the guard's and only the standard library, so that manage.py can run it by its path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["INTEGRATIONS", "Integration"]
+
+
+@dataclass(frozen=True, slots=True)
+class Integration:
+    """One framework integration: ``module`` (``guard.contrib.langchain``), the ``extra`` that
+    installs its framework (``pip install "loopguard-guard[langchain]"``; the console's
+    distribution has the same extra, passed on), and the top-level packages it may
+    ``imports`` (the framework's own, which its extra brings)."""
+
+    module: str
+    extra: str
+    imports: frozenset[str]
+
+
+INTEGRATIONS: tuple[Integration, ...] = (
+    Integration(
+        "guard.contrib.langchain",
+        "langchain",
+        frozenset({"langchain", "langchain_core", "langgraph"}),
+    ),
+    Integration("guard.contrib.openai_agents", "openai-agents", frozenset({"agents"})),
+)
+"""Every framework integration. A new one is its module, its entry here and its extra in
+pyproject.toml (the guard's distribution's and the console's, which pip reads from there)."""
