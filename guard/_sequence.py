@@ -88,9 +88,10 @@ class OutOfOrder(ValueError):
     """The host gave a step the sequencer did not expect now; ``expected`` is what it
     expected instead. Nothing moved."""
 
-    def __init__(self, message: str, expected: Step) -> None:
+    def __init__(self, message: str, expected: Step, *, wait_ms: float | None = None) -> None:
         super().__init__(message)
         self.expected = expected
+        self.wait_ms = wait_ms  # the wait that is due, when the refused step skipped it
 
 
 _MODEL = Step(Next.MODEL)
@@ -215,15 +216,20 @@ class Sequencer:
         """Ask for one model call (``reserve``: its maximum cost): ``None`` if it may
         happen, else the stop report. A call of the last batch that was never entered did
         not run; one that is executing must be reported first. A host that did not ask
-        :meth:`pause` after the last calls has it asked here: the model call goes on unless
-        the pause stops the task (a wait past the deadline, a stop asked for)."""
+        :meth:`pause` after the last calls has it asked here: the model call goes on when
+        no wait is due, stops when the pause stops the task (a wait past the deadline, a
+        stop asked for), and is refused (:exc:`OutOfOrder`, with ``wait_ms``) when a wait
+        is due: the host asks :meth:`pause` and waits first."""
         if (report := self._guard.report) is not None:
             return report
         self.check(Next.MODEL)
         if not self._waited:
-            pause = self._guard.before_wait()  # a wait the host skipped is its own to answer
+            pause = self._guard.before_wait()  # nothing moves unless it stops the task
             if isinstance(pause, Report):
                 return pause
+            if pause > 0:
+                message = f"wait {pause:.0f} ms before the next model call (pause() first)"
+                raise OutOfOrder(message, _WAIT, wait_ms=pause)
             self._waited = True
         stop = self._guard.before_model(reserve=reserve)
         self._batch = []

@@ -625,6 +625,8 @@ class _Driver:
             if reported and self.clock.orphaned_by == self.store.owner:
                 found = _late(fields.get("result"), fields.get("error"))
             stop = self._interrupt(ticket, found, _inspector(fields.get("evidence")))
+            if stop is None and not self.clock.orphans:
+                stop = self._waited_while_lost()
             if stop is not None:
                 return self._stop(stop)
             return self._after_results(fields, then)
@@ -821,11 +823,23 @@ class _Driver:
         """Before a step that ends the model call's calls: the calls a lost client left
         running are settled as interrupted (the stop, if one of them stops the task), before
         the sequencer judges the step (:attr:`seq`)."""
+        if not self.clock.orphans:
+            return None
         for index in self.clock.orphans:
             stop = self._interrupt(self._ticket(index), None, None)
             if stop is not None:
                 return stop
-        return None
+        return self._waited_while_lost()
+
+    def _waited_while_lost(self) -> Report | None:
+        """Once the calls a lost client left are settled: the wait they ask for (a read
+        asked again, a write a lookup proved not committed) passed while the lease ran out
+        and the new process took over, so it is served here; the new process is never
+        refused a model step for a wait nobody told it of."""
+        if self.seq.next().next is not Next.WAIT:
+            return None
+        pause = self._guarded(self.seq.pause)
+        return pause if isinstance(pause, Report) else None
 
     def _calls(self, raw: Any) -> list[Call]:
         if not isinstance(raw, list) or not 0 < len(raw) <= MAX_CALLS:
@@ -1058,7 +1072,12 @@ def _refusal(step: str, ticket: Ticket | None, refused: OutOfOrder) -> tuple[str
         "failed step",
         Next.ENTER: f"a call step for {about} is due first",
         Next.RESULT: f"report the result of {about} first, with a result step",
-        Next.WAIT: "a wait step is due first: the model call's calls asked to wait",
+        Next.WAIT: "a wait step is due first: "
+        + (
+            "the model call's calls asked to wait"
+            if refused.wait_ms is None
+            else f"wait {refused.wait_ms:.0f} ms before the next model call"
+        ),
         Next.DONE: "the task has stopped",
     }[due.next]
     return "step_out_of_order", f"a {step} step does not fit here: {said}"

@@ -80,3 +80,18 @@ def test_a_model_call_without_the_pause_asks_it_itself() -> None:
     assert seq.model() is None
     assert seq.position() == {"planning": True, "waited": True}
     assert seq.end(Finish("done")).state == "PARTIAL"  # no inspector: unverified
+
+
+def test_a_model_call_that_skips_a_due_wait_is_refused_until_the_pause_is_asked() -> None:
+    seq = Sequencer(_guard())
+    seq.model()
+    (ticket,) = seq.proposed(Call("job", {"id": 7}))  # type: ignore[misc]
+    seq.enter(ticket)
+    seq.returned(ticket, Result(Kind.PENDING, wait_ms=250))
+    with pytest.raises(OutOfOrder) as early:
+        seq.model()
+    assert early.value.expected.next is Next.WAIT and early.value.wait_ms == 250
+    assert seq.guard.usage.model_calls == 1  # nothing moved: the poll was not counted
+    assert seq.pause() == 250
+    assert seq.model() is None
+    assert seq.guard.usage.model_calls == 2

@@ -91,3 +91,12 @@ def test_a_model_step_after_the_last_result_asks_the_wait_itself(started: Client
     started.step("result", ticket=0, result={"kind": "SUCCESS", "data": 1})
     assert started.step("model")["allowed"] is True
     assert started.step("wait")["wait_ms"] == 0  # asked already: nothing more is due
+
+
+def test_a_model_step_that_skips_a_due_wait_is_refused_naming_it(started: Client) -> None:
+    started.call("lookup", {"n": 1})
+    started.step("result", ticket=0, result={"kind": "PENDING", "wait_ms": 400})
+    message = _refused(started, "model", "step_out_of_order")
+    assert "wait step is due first: wait 400 ms before the next model call" in message
+    assert started.step("wait")["wait_ms"] == 400
+    assert started.step("model")["allowed"] is True
