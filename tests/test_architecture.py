@@ -43,8 +43,9 @@ LAYERS: dict[str, int] = {
     # guard's Ledger, the trace events both drivers write, the notices' outbox and delivery.
     "console.drivers": 4,
     "console.tasks": 4,
-    # The attached driver: a client's step requests, over the store. It starts its task
-    # through the services (and takes their errors and the goal lock), so it sits with them.
+    # The attached driver (console/drivers/attached/, its parts all at this layer): a client's
+    # step requests, over the store. It starts its task through the services (and takes their
+    # errors and the goal lock), so it sits with them.
     "console.drivers.attached": 5,
     # What people and clients ask for: services (writes) and selectors (reads).
     "console.services": 5,
@@ -294,7 +295,7 @@ def test_the_document_places_each_module_once_and_as_the_test_does() -> None:
 def test_the_document_check_reads_a_table_and_would_catch_a_module_in_the_wrong_row() -> None:
     table = (
         "| layer | modules | what |\n| ---: | --- | --- |\n"
-        "| 5 | `console/services.py`, `console/drivers/attached.py` | the `services` |\n"
+        "| 5 | `console/services.py`, `console/drivers/attached/` | the `services` |\n"
         "| 3 | `console/store/`, `console/store/statements.py` | the store |\n"
         "| 8 | `console/__init__.py` | its face |\n\nAfter: `console/web/views.py`\n"
     )

@@ -134,7 +134,7 @@ def test_the_console_wheel_ships_no_copy_of_the_guard(wheels: dict[str, Path]) -
     assert not [name for name in names if name.startswith("guard/")]
     assert {
         "console/__init__.py",
-        "console/drivers/attached.py",
+        "console/drivers/attached/__init__.py",
         "console/migrations/__init__.py",
     } <= names
 

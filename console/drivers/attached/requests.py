@@ -1,0 +1,248 @@
+"""Attached tasks: the step protocol's requests (docs/protocol.md).
+
+An attached agent runs its own loop in its own process and asks before each model call and
+tool call. Each request is one step of the same ``guard.Guard`` the hosted runner drives,
+over the same step store, in one transaction that holds the task's row:
+
+1. lock the task row (a Stop, a resumption or another request of the task waits for it);
+2. a request id answered before gets its stored answer (a retry never claims twice);
+3. take or renew the client's lease (``lifecycle.start_drive``: a lost driver's leftovers
+   are settled first, as for a dead worker);
+4. restore the guard from the task's checkpoint, run the one step, save its trace events,
+   counters and checkpoint (``StepStore.save``), record a stop (``StepStore.finish``);
+5. store the answer under the request id, and commit.
+
+A write's claim is the store's own gated statement inside that transaction, so it is
+atomic with the stop fact exactly as the runner's; and the client hears ``execute`` only
+after the claim is committed. A failure anywhere rolls the whole step back: the client
+retries it with the same request id and the step happens once.
+
+Elapsed time is the wall clock's: the checkpoint says when it was taken, and the time
+since then (the model thinking, a tool running in the client) counts toward the deadline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.utils import timezone
+
+from console import services
+from console.drivers.attached.driver import (
+    ProtocolRefused,
+    _answer,
+    _Answered,
+    _Driver,
+    _limits_left,
+    _options,
+    _stopped,
+    lease_seconds,
+)
+from console.drivers.attached.fields import _inspector, _outcome
+from console.drivers.attached.steps import PROTOCOL_STEPS, STEPS, ProtocolStep
+from console.drivers.ledger import DatabaseLedger
+from console.lifecycle import guard_of, of_this_phase
+from console.models import StepRequest, Task, TaskState
+from console.records.redaction import redact_text
+from console.services import InvalidInput, NotFound
+from console.store import StepStore, open_store
+from guard import OperationState
+from guard.steps import canonical_json
+
+
+def body_hash(body: Mapping[str, Any]) -> str:
+    """What tells a retried request from another one under the same request id."""
+    return hashlib.sha256(canonical_json(dict(body)).encode()).hexdigest()
+
+
+# -- start -------------------------------------------------------------------------------------
+
+
+def attached_start(
+    *,
+    actor: User,
+    request_id: str,
+    lease: str,
+    agent: str,
+    client: str,
+    tools: Mapping[str, str],
+    input: Mapping[str, Any] | None = None,
+    limits: Mapping[str, Any] | None = None,
+    reason: str = "",
+    fingerprint: str,
+) -> tuple[dict[str, Any], bool]:
+    """Create an attached task driven by ``lease`` (or, for a retried start, find the one it
+    created); returns its answer and whether it is new."""
+    problem = services.agent_name_problem(agent)
+    if problem is not None:
+        raise InvalidInput(problem)
+    client = redact_text(client)  # what a client says of itself is shown: secrets masked
+    with transaction.atomic():
+        # A retried start (the same request id) waits for the first and finds its task.
+        services.lock_goal(
+            hashlib.sha256(f"attached\x00{actor.pk}\x00{request_id}".encode()).hexdigest()
+        )
+        prior = (
+            StepRequest.objects.filter(step="start", request_id=request_id)
+            .filter(task__created_by=actor)
+            .order_by("id")
+            .first()
+        )
+        if prior is not None:
+            if prior.body_hash != fingerprint:
+                raise ProtocolRefused(
+                    "request_id_reused", f"request {request_id} started another task"
+                )
+            replayed = dict(prior.answer)
+            if Task.objects.filter(id=prior.task_id, lease_owner=lease).exists():
+                return replayed, False
+            # Asked again by another lease (a new process that never saw the answer): the
+            # task is there; the client takes it over with a heartbeat.
+            return replayed | {"attach": True}, False
+        task = services.task_start(
+            agent=agent,
+            input=input,
+            limits=limits,
+            actor=actor,
+            reason=reason or f"attached by {client}",
+            client=client,
+            tools=tools,
+        )
+        if task.is_terminal:  # held for a restart loop before it ran
+            answer = _stopped(task)
+        else:
+            store = open_store(task.id, lease)
+            taken = store.take_lease(lease_seconds())
+            if isinstance(taken, str):  # pragma: no cover - nobody else knows the task yet
+                raise ProtocolRefused("lease_held", taken)
+            task = taken
+            answer = _answer(task, task.state, _limits_left(task), None)
+        answer |= {"lease_seconds": lease_seconds(), "url": f"/tasks/{task.id}/"}
+        StepRequest.objects.create(
+            task_id=task.id,
+            request_id=request_id,
+            step="start",
+            body_hash=fingerprint,
+            answer=answer,
+        )
+    return answer, True
+
+
+# -- steps -------------------------------------------------------------------------------------
+
+
+def attached_step(
+    *,
+    actor: User,
+    task_id: int,
+    request_id: str,
+    lease: str,
+    step: str,
+    fields: Mapping[str, Any],
+    fingerprint: str,
+) -> dict[str, Any]:
+    """Answer one step request of an attached task (see the module's docstring)."""
+    entry = PROTOCOL_STEPS.get(step)
+    if entry is None:
+        raise InvalidInput(f"step must be one of {', '.join(STEPS)}")
+    store = open_store(task_id, lease)
+    with transaction.atomic():
+        opened = store.open_step(request_id if entry.kept else None)
+        if opened is None:
+            raise NotFound(f"there is no task {task_id}")
+        task, prior = opened
+        if task.created_by_id != actor.pk:
+            # Only the person whose token started it drives it; to anyone else it is a
+            # task that does not exist (no lease, no state, not even that it is there).
+            raise NotFound(f"there is no task {task_id}")
+        if not task.is_attached:
+            raise ProtocolRefused("not_attached", f"task {task_id} is hosted: workers drive it")
+        if prior is not None:
+            if prior.body_hash != fingerprint:
+                raise ProtocolRefused(
+                    "request_id_reused", f"request {request_id} was another request of this task"
+                )
+            return dict(prior.answer)
+        answer = _Answered(request_id, step, fingerprint, entry.kept)
+        return _step(task, store, entry, fields, answer, actor)
+
+
+def _step(
+    task: Task,
+    store: StepStore,
+    step: ProtocolStep,
+    fields: Mapping[str, Any],
+    answered: _Answered,
+    actor: User,
+) -> dict[str, Any]:
+    if task.is_terminal:
+        if step.name == "result":
+            _settle_late(task, store.owner, fields)
+        return _remembered(store, _stopped(task), answered)  # terminal is sticky
+    # This request takes the lease (a new process after its predecessor vanished, or a
+    # client whose lease ran out): the calls left running are interrupted (_Driver).
+    handover = task.lease_owner != store.owner
+    if step.kept and _fresh(task, store.owner):  # a heartbeat is there to renew it
+        store.go_on(task)  # renewed a moment ago: no statement for it this time
+        return _Driver(task, store, actor=actor).run(step, fields, answered)
+    taken = store.take_lease(lease_seconds())
+    if isinstance(taken, str):
+        now = Task.objects.get(id=task.id)
+        if now.is_terminal:  # stopped before it ran, or recovered from a lost client
+            return _remembered(store, _stopped(now), answered)
+        at = timezone.now()
+        until = now.lease_alive_until(at)
+        left = None if until is None else max(1.0, (until - at).total_seconds())
+        raise ProtocolRefused("lease_held", f"task {task.id}: {taken}", retry_after=left)
+    return _Driver(taken, store, actor=actor, handover=handover).run(step, fields, answered)
+
+
+def _remembered(store: StepStore, answer: dict[str, Any], answered: _Answered) -> dict[str, Any]:
+    """``answer``, stored on its own (no save carries it)."""
+    kept = answered.of(answer)
+    if kept is not None:
+        store.remember(kept)
+    return answer
+
+
+def _fresh(task: Task, lease: str) -> bool:
+    """Whether ``lease`` drives the running ``task`` with more than two thirds of its lease
+    left: the step goes on without renewing it (one statement fewer); a later step renews
+    it well before it runs out."""
+    if task.state != TaskState.RUNNING or task.lease_owner != lease:
+        return False
+    renew_before = timezone.now() + timedelta(seconds=lease_seconds() * 2 / 3)
+    return task.lease_alive_until(renew_before) is not None
+
+
+def _settle_late(task: Task, lease: str, fields: Mapping[str, Any]) -> None:
+    """The result of a write that was executing when another call of its model call stopped
+    the task (a client running a batch at once): its operation is still ``IN_FLIGHT`` and
+    must be settled by what the client reports — ``COMMITTED``, or ``UNKNOWN`` for a human —
+    not left for nobody. The stop stands; only the ledger moves (once: a write settled
+    already, or a read, is left as it is)."""
+    checkpoint = task.checkpoint if isinstance(task.checkpoint, dict) else {}
+    if not of_this_phase(task) or "steps" not in checkpoint["guard"]:
+        return
+    if (checkpoint.get("attached") or {}).get("lease") != lease:
+        return  # only the client that was running it may say what became of it
+    store = open_store(task.id, lease)
+    ledger = DatabaseLedger(store=store)
+    # Stopped already: no report is made from the history.
+    guard = guard_of(task, _options(task, ledger), history=partial(store.history, task.phase))
+    index = fields.get("ticket")
+    ticket = next((t for t in guard.tickets if t.index == index), None)
+    if ticket is None or str(ticket.status) != "executing" or ticket.call.effect != "write":
+        return
+    key = ticket.call.operation_key or ""
+    entry = ledger.get(key)
+    if entry is None or entry.state is not OperationState.IN_FLIGHT:
+        return
+    outcome, error = _outcome(fields.get("result"), fields.get("error"))
+    guard.after_tool(ticket, outcome, error=error, inspect=_inspector(fields.get("evidence")))
