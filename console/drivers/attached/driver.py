@@ -153,7 +153,11 @@ class _Clock:
 
 
 class _Driver:
-    """One step of one attached task, with its guard restored from the checkpoint."""
+    """One step of one attached task, with its guard restored from the checkpoint.
+
+    The step itself is its handler's (``steps``, found through ``PROTOCOL_STEPS``), and what
+    becomes of the calls a lost client left is ``lost``'s: both are functions taking this
+    driver, which keeps the step's state and its save, answer and stop."""
 
     def __init__(
         self, task: Task, store: StepStore, *, actor: User, handover: bool = False
@@ -218,7 +222,7 @@ class _Driver:
             self.guard, self.guard.tickets, self.position, inspect=inspect, reports_reuse=True
         )
 
-    # -- the steps ---------------------------------------------------------------------------
+    # -- the step ----------------------------------------------------------------------------
 
     def run(
         self, step: ProtocolStep, fields: Mapping[str, Any], answered: _Answered
