@@ -8,6 +8,7 @@ from celery import shared_task
 from django.db import close_old_connections
 
 from console.drivers import notifications, runner
+from console.store import history
 
 logger = logging.getLogger(__name__)
 
@@ -54,3 +55,12 @@ def deliver_notice(notice_id: int) -> str:
         return notifications.deliver(notice_id)
     finally:
         close_old_connections()
+
+
+@shared_task(name="console.tasks.partitions_ahead")  # type: ignore[untyped-decorator]
+def partitions_ahead() -> list[str]:
+    """Make the trace's partitions ahead of the newest task (beat, hourly; safe to run at any
+    time: a partition made twice is refused, not doubled)."""
+    close_old_connections()
+    return history.partitions_ahead()
+

@@ -433,6 +433,12 @@ LOOPGUARD_ATTACHED_LEASE_SECONDS = env_float("LOOPGUARD_ATTACHED_LEASE_SECONDS",
 # (NEEDS_HUMAN/client_lost): without it, a client that never returns leaves the task
 # queued for ever.
 LOOPGUARD_ATTACHED_CLIENT_LOST_SECONDS = env_float("LOOPGUARD_ATTACHED_CLIENT_LOST_SECONDS", 3600.0)
+# The trace is partitioned by ranges of this many task ids (PostgreSQL): a task's trace is in
+# one partition, and a range of long-finished tasks leaves as one table. The beat keeps the
+# partitions ahead of the newest task (docs/deployment.md, "History that lasts").
+LOOPGUARD_TRACE_PARTITION_TASKS = env_int("LOOPGUARD_TRACE_PARTITION_TASKS", 100_000)
+if LOOPGUARD_TRACE_PARTITION_TASKS < 1:
+    raise ImproperlyConfigured("LOOPGUARD_TRACE_PARTITION_TASKS must be at least 1")
 # How often Celery beat looks for tasks whose driver's lease expired.
 LOOPGUARD_SWEEP_SECONDS = env_float("LOOPGUARD_SWEEP_SECONDS", 10.0)
 LOOPGUARD_REQUEUE_AFTER_SECONDS = env_float("LOOPGUARD_REQUEUE_AFTER_SECONDS", 120.0)
@@ -577,6 +583,11 @@ CELERY_BEAT_SCHEDULE = {
     "recover-expired-leases": {
         "task": "console.tasks.sweep",
         "schedule": LOOPGUARD_SWEEP_SECONDS,
+    },
+    # Ranges of the trace ready ahead of the newest task (console/store/history.py).
+    "trace-partitions-ahead": {
+        "task": "console.tasks.partitions_ahead",
+        "schedule": 3600.0,
     },
     # Route notification events into notices and deliver what is due; safe at any time.
     "deliver-notifications": {
