@@ -356,9 +356,9 @@ def integration_extras() -> list[str]:
 
 
 def extras_for_tests() -> str:
-    """What `manage.py test` installs: the dev tools, the model agent's client and every
-    framework integration's framework (their tests need them)."""
-    return ",".join(["dev", "model", *integration_extras()])
+    """What `manage.py test` installs: the dev tools, the model agent's client, the trace's
+    OpenTelemetry exporter and every framework integration's framework (their tests need them)."""
+    return ",".join(["dev", "model", "otel", *integration_extras()])
 
 
 def model_extra() -> str:

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from guard import OperationState as GuardOperationState
@@ -905,3 +905,60 @@ class NoticeAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"notice {self.notice_id} try {self.number}: {'ok' if self.ok else 'failed'}"
+
+
+class TraceExport(models.Model):
+    """How far one task's trace has gone to the OpenTelemetry collector
+    (``console/drivers/otel.py``). The trace is the export's outbox, append-only and numbered
+    by ``seq`` in order within a task; this row is its cursor, written only by the export,
+    never by a step."""
+
+    task = models.OneToOneField(
+        Task, on_delete=models.PROTECT, primary_key=True, related_name="trace_export"
+    )
+    seen_seq = models.PositiveBigIntegerField(default=0)
+    """The last ``seq`` of the task's trace the export has found."""
+    exported_seq = models.PositiveBigIntegerField(default=0)
+    """The last ``seq`` the collector accepted; moved only after it did."""
+    claimed_by = models.CharField(max_length=64, blank=True)
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    """An export pass holds the task until then (compare-and-set): a second pass leaves it,
+    and a pass that died lets it go when this runs out."""
+    failures = models.PositiveIntegerField(default=0)
+    """Sends of this task's events that failed since the last one that went through."""
+    exported_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # The export's "tasks with events still to send" and /metrics' events waiting:
+            # only the rows behind their trace are in it, however many tasks there are.
+            models.Index(
+                fields=["exported_at"],
+                condition=Q(seen_seq__gt=F("exported_seq")),
+                name="trace_export_waiting",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"trace export of task {self.task_id}: {self.exported_seq}/{self.seen_seq}"
+
+
+class TraceExportTotals(models.Model):
+    """The export's one row: how far its reading of the trace has gone (by event id), and
+    its counters for ``/metrics`` (kept here: every web process reads the same)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    read_id = models.BigIntegerField(default=0)
+    """Every trace event with an id up to this one is counted in a task's ``seen_seq``."""
+    exported = models.PositiveBigIntegerField(default=0)
+    """Trace events the collector accepted (at least once: see docs/deployment.md)."""
+    failures = models.PositiveBigIntegerField(default=0)
+    """Sends the collector refused or never answered."""
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(id=1), name="trace_export_totals_one_row"),
+        ]
+
+    def __str__(self) -> str:
+        return f"trace export: {self.exported} exported, {self.failures} failures"
