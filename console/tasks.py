@@ -7,7 +7,7 @@ import logging
 from celery import shared_task
 from django.db import close_old_connections
 
-from console.drivers import notifications, runner
+from console.drivers import notifications, otel, runner
 from console.store import history
 
 logger = logging.getLogger(__name__)
@@ -64,3 +64,13 @@ def partitions_ahead() -> list[str]:
     close_old_connections()
     return history.partitions_ahead()
 
+
+
+@shared_task(name="console.tasks.export_trace")  # type: ignore[untyped-decorator]
+def export_trace() -> dict[str, int]:
+    """Send the trace events added since the last pass to the OpenTelemetry collector, as
+    spans (beat, every few seconds; nothing without an OTLP endpoint; safe to run twice at
+    once: tasks are claimed, and a cursor moves only when the collector took its events)."""
+    close_old_connections()
+    done = otel.export_pass()
+    return {"found": done.found, "exported": done.exported, "failures": done.failures}

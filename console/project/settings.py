@@ -487,6 +487,13 @@ LOOPGUARD_NOTIFY_UNKNOWN_AFTER_MINUTES = env_float("LOOPGUARD_NOTIFY_UNKNOWN_AFT
 LOOPGUARD_NOTIFY_BATCH_SECONDS = env_int("LOOPGUARD_NOTIFY_BATCH_SECONDS", 60)
 # How often beat looks for events to route and notices to deliver.
 LOOPGUARD_NOTIFY_SECONDS = env_float("LOOPGUARD_NOTIFY_SECONDS", 10.0)
+# How often beat sends the trace events added since to the OpenTelemetry collector (only
+# when an OTEL_EXPORTER_OTLP_* endpoint is set: console/drivers/otel.py).
+LOOPGUARD_OTEL_EXPORT_SECONDS = env_float("LOOPGUARD_OTEL_EXPORT_SECONDS", 5.0)
+if LOOPGUARD_OTEL_EXPORT_SECONDS <= 0:
+    raise ImproperlyConfigured(
+        f"LOOPGUARD_OTEL_EXPORT_SECONDS={LOOPGUARD_OTEL_EXPORT_SECONDS:g} must be above 0"
+    )
 # Tries per notice (the first included), the wait before the second (doubled each time
 # after), and how long one try may take.
 LOOPGUARD_NOTIFY_ATTEMPTS = env_int("LOOPGUARD_NOTIFY_ATTEMPTS", 5)
@@ -593,6 +600,11 @@ CELERY_BEAT_SCHEDULE = {
     "deliver-notifications": {
         "task": "console.tasks.notify",
         "schedule": LOOPGUARD_NOTIFY_SECONDS,
+    },
+    # The trace to OpenTelemetry, behind the steps (does nothing without an endpoint).
+    "export-trace": {
+        "task": "console.tasks.export_trace",
+        "schedule": LOOPGUARD_OTEL_EXPORT_SECONDS,
     },
 }
 # Beat keeps its schedule in memory: its entries (the sweep, the notifier) run every few

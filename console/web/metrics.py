@@ -1,6 +1,6 @@
 """Prometheus metrics at ``/metrics``, in the text exposition format (version 0.0.4).
 
-Every value is read from the database when Prometheus scrapes, with four aggregate queries,
+Every value is read from the database when Prometheus scrapes, with five aggregate queries,
 whatever the number of tasks. So every web process answers the same, a restart loses
 nothing, and workers need no metrics port of their own. ``prometheus_client`` writes the
 text, from a custom collector on a registry of this module's own: the library's metric
@@ -16,13 +16,13 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, F, Func, Q, Subquery, Sum
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -44,6 +44,8 @@ from console.models import (
     Task,
     TaskState,
     TraceEvent,
+    TraceExport,
+    TraceExportTotals,
     lease_alive,
     lease_lapsed,
 )
@@ -94,10 +96,21 @@ class Snapshot:
     operations_in_flight_lease_expired: int
     stops: dict[tuple[str, str], int]  # (state, reason) -> stop reports
     latency: dict[str, Latency]  # event kind -> latencies
+    trace_export: TraceExported = field(default_factory=lambda: TraceExported(0, 0, 0))
+
+
+@dataclass(frozen=True)
+class TraceExported:
+    """The trace's export to OpenTelemetry (console/drivers/otel.py): events the collector
+    took, sends that failed, and events found in the trace and not sent yet."""
+
+    exported: int
+    failures: int
+    waiting: int
 
 
 def snapshot() -> Snapshot:
-    """Read the metrics: four aggregate queries, each returning one row per group."""
+    """Read the metrics: five aggregate queries, each returning one row per group."""
     now = timezone.now()
     tasks, tasks_lease_expired, spent = _tasks(now)
     unknown, in_flight, stranded = _operations(now)
@@ -110,6 +123,7 @@ def snapshot() -> Snapshot:
         operations_in_flight_lease_expired=stranded,
         stops=_stops(),
         latency=_latency(now - LATENCY_WINDOW),
+        trace_export=_trace_export(),
     )
 
 
@@ -176,6 +190,26 @@ def _latency(since: datetime) -> dict[str, Latency]:
     return latency
 
 
+def _trace_export() -> TraceExported:
+    """The export's totals row, with the events waiting summed in the same query (over the
+    cursors behind their trace only: the partial index ``trace_export_waiting``)."""
+    behind = TraceExport.objects.filter(seen_seq__gt=F("exported_seq"))
+    # Func, not Sum: an aggregate over the whole filtered table, without the GROUP BY that
+    # Django adds for an aggregate in annotate() (the docs' way to sum in a subquery).
+    waiting = behind.order_by().annotate(
+        n=Func(F("seen_seq") - F("exported_seq"), function="SUM")
+    ).values("n")
+    row = (
+        TraceExportTotals.objects.filter(id=1)
+        .annotate(waiting=Subquery(waiting))
+        .values("exported", "failures", "waiting")
+        .first()
+    )
+    if row is None:  # the row migration 0021 made is gone: nothing was exported
+        return TraceExported(0, 0, 0)
+    return TraceExported(row["exported"], row["failures"], int(row["waiting"] or 0))
+
+
 # -- the families ------------------------------------------------------------------------------
 
 
@@ -238,10 +272,29 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
         ]
         latency.add_metric([kind], [*buckets, ("+Inf", lat.count)], lat.sum_ms / 1000)
     yield latency
+    exported = snap.trace_export
+    yield CounterMetricFamily(
+        "loopguard_trace_exported_events",
+        "Trace events the OpenTelemetry collector accepted as spans (at least once: an event"
+        " may be sent again after a pass died between the collector's answer and its cursor).",
+        value=exported.exported,
+    )
+    yield CounterMetricFamily(
+        "loopguard_trace_export_failures",
+        "Sends of trace events to the OpenTelemetry collector that failed (down, slow or"
+        " refusing); their events wait and go with a later pass.",
+        value=exported.failures,
+    )
+    yield GaugeMetricFamily(
+        "loopguard_trace_export_waiting_events",
+        "Trace events found and not yet accepted by the OpenTelemetry collector (growing: the"
+        " collector is unreachable, or the export cannot keep up).",
+        value=exported.waiting,
+    )
 
 
 class DatabaseCollector:
-    """A ``prometheus_client`` collector that reads the database at each scrape (four
+    """A ``prometheus_client`` collector that reads the database at each scrape (five
     queries) and keeps nothing between scrapes."""
 
     def collect(self) -> Iterator[Metric]:

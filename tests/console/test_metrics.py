@@ -325,6 +325,9 @@ def test_an_empty_database_still_gives_every_family(scrape: Callable[[], Exposit
         "loopguard_spend",
         "loopguard_explored",
         "loopguard_step_latency_seconds",
+        "loopguard_trace_exported_events",
+        "loopguard_trace_export_failures",
+        "loopguard_trace_export_waiting_events",
     }
     assert metrics.value("loopguard_operations_unknown") == 0
 
@@ -344,7 +347,7 @@ def test_no_process_holds_a_part_of_the_metrics(scrape: Callable[[], Exposition]
     )
 
 
-def test_it_reads_in_four_queries_however_many_rows(
+def test_it_reads_in_five_queries_however_many_rows(
     client: Client, django_assert_num_queries: DjangoAssertNumQueries
 ) -> None:
     for n in range(20):
@@ -352,7 +355,7 @@ def test_it_reads_in_four_queries_however_many_rows(
         _operation(task, OperationState.UNKNOWN, f"op-{n}")
         _event(task, EventKind.REQUEST, n * 10)
 
-    with django_assert_num_queries(4):
+    with django_assert_num_queries(5):
         response = client.get("/metrics")
 
     assert response.status_code == 200
