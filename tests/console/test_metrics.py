@@ -325,8 +325,8 @@ def test_an_empty_database_still_gives_every_family(scrape: Callable[[], Exposit
         "loopguard_spend",
         "loopguard_explored",
         "loopguard_step_latency_seconds",
-        "loopguard_trace_exported_events",
-        "loopguard_trace_export_failures",
+        "loopguard_trace_exported_events_total",
+        "loopguard_trace_export_failures_total",
         "loopguard_trace_export_waiting_events",
     }
     assert metrics.value("loopguard_operations_unknown") == 0
