@@ -333,8 +333,8 @@ class _Context:
             rows = StopReport.objects.filter(
                 task_id__in={e.task_id for e in stops}, phase__in={e.phase for e in stops}
             ).order_by("id")
-            for row in rows:  # the latest of a phase wins: what the phase ended with
-                reports[(row.task_id, row.phase)] = row.report
+            for row in rows:  # a phase's first: the one its span ends with (_first_stops)
+                reports.setdefault((row.task_id, row.phase), row.report)
         keys = {e.operation_key for e in everything if e.operation_key}
         operations = dict(
             Operation.objects.filter(key__in=keys).values_list("key", "state") if keys else []
@@ -393,7 +393,7 @@ def _phase_span(
 
     phase = context.phases.get((task.pk, stop.phase))
     report = context.report(stop)
-    state = str(report.get("state") or stop.detail.partition(":")[0])
+    state = stop.detail.partition(":")[0]  # "STATE: detail", as lifecycle writes a stop
     started = (phase.started_at or phase.created_at) if phase is not None else stop.at
     attributes = _attributes(
         gen_ai__operation__name="invoke_agent",

@@ -299,6 +299,41 @@ def test_a_task_is_a_trace_a_phase_a_span_and_each_call_its_child(
     assert _cursor(task) == (last, last)
 
 
+@pytest.mark.parametrize("between", [True, False], ids=["a-pass-between", "one-pass"])
+def test_a_phase_stopped_twice_is_one_span_and_its_second_stop_a_child(
+    operator: User, receiver: Receiver, between: bool
+) -> None:
+    # The fourth start of the same goal is held before it runs (restart_loop), then an
+    # operator cancels it: two stops in phase 1, and a span id is sent only once.
+    tasks = [
+        services.task_start(agent="test_reader", input={"pages": 9}, enqueue=lambda i: None)
+        for _ in range(4)
+    ]
+    held = tasks[-1]
+    if between:
+        otel.export_pass()  # the hold alone: phase 1's span ends there
+    services.task_stop(task_id=held.id, actor=operator, reason="the trigger was a mistake")
+
+    otel.export_pass()
+
+    spans = _by_trace(receiver.spans)[otel.trace_id(held).to_bytes(16, "big")]
+    (phase,) = [s for s in spans if not s.parent]
+    assert phase.span_id == _own(held, 1)
+    assert (phase.attributes["loopguard.state"], phase.attributes["loopguard.reason"]) == (
+        "NEEDS_HUMAN",
+        "restart_loop",
+    )
+    assert phase.attributes["loopguard.used.model_calls"] == 0  # the hold's report
+    (stop,) = [s for s in spans if s.parent]
+    assert (stop.name, stop.parent) == ("stop", _own(held, 1))
+    assert (stop.attributes["loopguard.state"], stop.attributes["loopguard.reason"]) == (
+        "CANCELLED",
+        "operator_stop",
+    )
+    ids = [s.span_id for s in receiver.spans]
+    assert len(ids) == len(set(ids))
+
+
 def test_nothing_is_sent_again_after_the_collector_took_it(
     start: Start, receiver: Receiver, client: Client
 ) -> None:
