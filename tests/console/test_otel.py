@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
 from django.test import Client
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -184,6 +185,14 @@ def _own(task: Task, phase: int, seq: int | None = None) -> bytes:
 def _cursor(task: Task) -> tuple[int, int]:
     row = TraceExport.objects.get(task=task)
     return row.seen_seq, row.exported_seq
+
+
+def _pass_in_a_thread() -> None:
+    """An export pass as a worker runs one, on a connection of its own (closed after)."""
+    try:
+        otel.export_pass()
+    finally:
+        connection.close()
 
 
 def _metrics(client: Client) -> dict[str, float]:
@@ -414,22 +423,30 @@ def test_a_refusing_collector_is_retried_on_a_later_pass(
     assert TraceExportTotals.objects.get().failures == 1
 
 
-def test_a_slow_collector_slows_no_step(start: Start, receiver: Receiver) -> None:
-    # A step writes its trace and nothing more: with the collector taking seconds to answer
-    # an export running beside it, a task's drive takes as long as without one.
+def test_a_slow_collector_slows_no_step(
+    start: Start, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A step writes its trace and nothing more: while the collector holds an export for
+    # seconds, another task is driven to its end, and the export is still waiting then.
     task = start("test_reader", {"pages": 2})
     runner.drive(task.id)
-    receiver.delay_s = 1.0
-    exporting = threading.Thread(target=otel.export_pass)
+    receiver.delay_s = 2.0
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "10")  # slow, not down
+    exporting = threading.Thread(target=_pass_in_a_thread)
     exporting.start()
     try:
+        deadline = time.monotonic() + 10
+        while receiver.posts == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert receiver.posts == 1  # the export is in the collector's hands now
         later = start("test_reader", {"pages": 2})
         began = time.monotonic()
-        runner.drive(later.id)
+        assert runner.drive(later.id) == "COMPLETED/goal_met"
         took = time.monotonic() - began
+        still_waiting = exporting.is_alive()
     finally:
         exporting.join()
-    assert took < 1.0
+    assert still_waiting and took < receiver.delay_s
     assert _cursor(task)[1] == TraceEvent.objects.filter(task=task).count()
 
 
@@ -440,7 +457,7 @@ def test_two_passes_at_once_never_send_the_same_batch(start: Start, receiver: Re
     otel.read_trace()
     receiver.delay_s = 0.3
     # One task per batch, so that both passes find work at the same moment.
-    passes = [threading.Thread(target=otel.export_pass) for _ in range(2)]
+    passes = [threading.Thread(target=_pass_in_a_thread) for _ in range(2)]
     original = otel.TASKS_PER_BATCH
     otel.TASKS_PER_BATCH = 1
     try:
