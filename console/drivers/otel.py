@@ -231,6 +231,7 @@ def _send_one_batch(to: SpanExporter) -> int | None:
         )
         for cursor in claimed
     }
+    spans: list[ReadableSpan] = []
     try:
         spans = build_spans(events)
         # Network I/O, outside any transaction (the claim is what keeps others off).
@@ -267,9 +268,11 @@ def _claim(token: str) -> list[TraceExport]:
     now = timezone.now()
     behind = Q(seen_seq__gt=F("exported_seq"))
     free = Q(claimed_until__isnull=True) | Q(claimed_until__lte=now)
+    # Fewest failures first: a batch the collector refuses every time (too large, say) falls
+    # behind the others instead of holding every pass up at its first send.
     candidates = list(
         TraceExport.objects.filter(behind & free)
-        .order_by(F("exported_at").asc(nulls_first=True), "task_id")
+        .order_by("failures", F("exported_at").asc(nulls_first=True), "task_id")
         .values_list("task_id", flat=True)[:TASKS_PER_BATCH]
     )
     if not candidates:

@@ -85,6 +85,7 @@ class Receiver:
     bodies: list[bytes] = field(default_factory=list)
     spans: list[Span] = field(default_factory=list)
     posts: int = 0
+    refuse_trace: bytes = b""  # a body with a span of this trace is answered 400
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -118,6 +119,8 @@ class Receiver:
                             service=str(resource.get("service.name")),
                         )
                     )
+        if any(span.trace_id == self.refuse_trace for span in found):
+            return 400
         with self.lock:
             self.bodies.append(raw)
             self.spans.extend(found)
@@ -423,6 +426,24 @@ def test_a_refusing_collector_is_retried_on_a_later_pass(
     assert TraceExportTotals.objects.get().failures == 1
 
 
+def test_a_batch_refused_every_time_holds_no_other_task_up(
+    start: Start, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refused, other = start("test_reader", {"pages": 1}), start("test_reader", {"pages": 1})
+    for task in (refused, other):
+        runner.drive(task.id)
+    receiver.refuse_trace = otel.trace_id(refused).to_bytes(16, "big")
+    monkeypatch.setattr(otel, "TASKS_PER_BATCH", 1)  # the refused task's batch comes first
+
+    first, second = otel.export_pass(), otel.export_pass()
+
+    assert (first.exported, first.failures) == (0, 1)
+    assert second.exported == TraceEvent.objects.filter(task=other).count()
+    assert {s.trace_id for s in receiver.spans} == {otel.trace_id(other).to_bytes(16, "big")}
+    assert _cursor(refused)[1] == 0
+    assert TraceExport.objects.get(task=refused).failures == 2
+
+
 def test_a_slow_collector_slows_no_step(
     start: Start, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -450,7 +471,9 @@ def test_a_slow_collector_slows_no_step(
     assert _cursor(task)[1] == TraceEvent.objects.filter(task=task).count()
 
 
-def test_two_passes_at_once_never_send_the_same_batch(start: Start, receiver: Receiver) -> None:
+def test_two_passes_at_once_never_send_the_same_batch(
+    start: Start, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tasks = [start("test_reader", {"pages": 1}) for _ in range(6)]
     for task in tasks:
         runner.drive(task.id)
@@ -458,15 +481,11 @@ def test_two_passes_at_once_never_send_the_same_batch(start: Start, receiver: Re
     receiver.delay_s = 0.3
     # One task per batch, so that both passes find work at the same moment.
     passes = [threading.Thread(target=_pass_in_a_thread) for _ in range(2)]
-    original = otel.TASKS_PER_BATCH
-    otel.TASKS_PER_BATCH = 1
-    try:
-        for thread in passes:
-            thread.start()
-        for thread in passes:
-            thread.join()
-    finally:
-        otel.TASKS_PER_BATCH = original
+    monkeypatch.setattr(otel, "TASKS_PER_BATCH", 1)
+    for thread in passes:
+        thread.start()
+    for thread in passes:
+        thread.join()
 
     ids = [s.span_id for s in receiver.spans]
     assert len(ids) == len(set(ids)) == TraceEvent.objects.filter(task__in=tasks).count()
