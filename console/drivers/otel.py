@@ -245,7 +245,11 @@ def _send_one_batch(to: SpanExporter) -> int | None:
             claimed_by="", claimed_until=None, failures=F("failures") + 1
         )
         TraceExportTotals.objects.filter(id=1).update(failures=F("failures") + 1)
-        logger.warning("trace export: the collector did not take %d span(s)", len(spans))
+        logger.warning(
+            "trace export: the collector did not take %d span(s) of tasks %s (sent again later)",
+            len(spans),
+            sorted(events),
+        )
         return -1
     sent = 0
     for cursor in claimed:
