@@ -181,7 +181,7 @@ def read_trace(now: datetime | None = None) -> int:
     the events read. One reading at a time: a pass that finds the totals row locked leaves
     the reading to the pass that holds it."""
     now = now or timezone.now()
-    # Migration 0021 made the row; made again here if it went (a flushed database), once.
+    # Migration 0020 made the row; made again here if it went (a flushed database), once.
     TraceExportTotals.objects.bulk_create([TraceExportTotals(id=1)], ignore_conflicts=True)
     with transaction.atomic():
         totals = TraceExportTotals.objects.select_for_update(skip_locked=True).filter(id=1).first()

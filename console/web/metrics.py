@@ -205,7 +205,7 @@ def _trace_export() -> TraceExported:
         .values("exported", "failures", "waiting")
         .first()
     )
-    if row is None:  # the row migration 0021 made is gone: nothing was exported
+    if row is None:  # the row migration 0020 made is gone: nothing was exported
         return TraceExported(0, 0, 0)
     return TraceExported(row["exported"], row["failures"], int(row["waiting"] or 0))
 
