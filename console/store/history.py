@@ -4,7 +4,7 @@ On PostgreSQL the three append-only tables that grow with use are partitioned by
 (:data:`HISTORIES`): the trace by ranges of ``LOOPGUARD_TRACE_PARTITION_TASKS`` task ids
 (migration 0019; a task's whole trace is in one partition, so a range of finished tasks can
 be archived as one table), the operation history and the audit log by ranges of
-``LOOPGUARD_HISTORY_PARTITION_ROWS`` of their own ids (migration 0023; an audit entry need
+``LOOPGUARD_HISTORY_PARTITION_ROWS`` of their own ids (migration 0021; an audit entry need
 not name a task). Each migration made the existing table the first range. The beat keeps
 :data:`AHEAD` ranges ready beyond the newest key, so that a step never waits for one to be
 made; a row past them all is still written, into the table's default partition, and the

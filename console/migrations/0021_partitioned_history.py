@@ -146,5 +146,5 @@ def forwards(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
 
 class Migration(migrations.Migration):
     atomic = False  # each table's catalogue changes are their own short transaction
-    dependencies = [("console", "0019_partitioned_trace")]
+    dependencies = [("console", "0020_trace_export")]
     operations = [migrations.RunPython(forwards, migrations.RunPython.noop, elidable=False)]
