@@ -59,8 +59,8 @@ def deliver_notice(notice_id: int) -> str:
 
 @shared_task(name="console.tasks.partitions_ahead")  # type: ignore[untyped-decorator]
 def partitions_ahead() -> list[str]:
-    """Make the trace's partitions ahead of the newest task (beat, hourly; safe to run at any
-    time: a partition made twice is refused, not doubled)."""
+    """Make the history tables' partitions ahead of their newest rows (beat, hourly; safe to
+    run at any time: a partition made twice is refused, not doubled)."""
     close_old_connections()
     return history.partitions_ahead()
 

@@ -439,6 +439,11 @@ LOOPGUARD_ATTACHED_CLIENT_LOST_SECONDS = env_float("LOOPGUARD_ATTACHED_CLIENT_LO
 LOOPGUARD_TRACE_PARTITION_TASKS = env_int("LOOPGUARD_TRACE_PARTITION_TASKS", 100_000)
 if LOOPGUARD_TRACE_PARTITION_TASKS < 1:
     raise ImproperlyConfigured("LOOPGUARD_TRACE_PARTITION_TASKS must be at least 1")
+# The operation history and the audit log are partitioned by ranges of this many of their
+# own ids (PostgreSQL), made ahead by the same beat entry.
+LOOPGUARD_HISTORY_PARTITION_ROWS = env_int("LOOPGUARD_HISTORY_PARTITION_ROWS", 1_000_000)
+if LOOPGUARD_HISTORY_PARTITION_ROWS < 1:
+    raise ImproperlyConfigured("LOOPGUARD_HISTORY_PARTITION_ROWS must be at least 1")
 # How often Celery beat looks for tasks whose driver's lease expired.
 LOOPGUARD_SWEEP_SECONDS = env_float("LOOPGUARD_SWEEP_SECONDS", 10.0)
 LOOPGUARD_REQUEUE_AFTER_SECONDS = env_float("LOOPGUARD_REQUEUE_AFTER_SECONDS", 120.0)
@@ -591,7 +596,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "console.tasks.sweep",
         "schedule": LOOPGUARD_SWEEP_SECONDS,
     },
-    # Ranges of the trace ready ahead of the newest task (console/store/history.py).
+    # Ranges of the history tables ready ahead of their newest rows (console/store/history.py).
     "trace-partitions-ahead": {
         "task": "console.tasks.partitions_ahead",
         "schedule": 3600.0,
