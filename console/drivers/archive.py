@@ -327,6 +327,11 @@ def _check(written: Written, target: Path, manifest: Path) -> None:
     ):
         for row in rows:
             line = lines.readline().rstrip(b"\n")
+            if not line:
+                raise ArchiveRefused(
+                    f"{written.partition}: the database holds more rows than the "
+                    f"{written.rows} of {target.name}: not dropped"
+                )
             if line != _line(columns, row):
                 row_id = row[_id_at(columns)]
                 raise ArchiveRefused(
@@ -337,8 +342,8 @@ def _check(written: Written, target: Path, manifest: Path) -> None:
         extra = lines.readline()
     if extra or count != written.rows:
         raise ArchiveRefused(
-            f"{written.partition}: the database holds {count} rows, {target.name} "
-            f"{written.rows}{' and more' if extra else ''}: not dropped"
+            f"{written.partition}: the database holds {count} rows, fewer than "
+            f"{target.name}: not dropped"
         )
 
 
