@@ -214,9 +214,12 @@ def write_partition(partition: Partition, folder: Path) -> Written:
         with partial.open("wb") as raw:
             hashed = _Hashed(raw)
             # mtime=0: the same rows give the same file, whenever they are written.
-            with gzip.GzipFile(
-                filename="", mode="wb", fileobj=hashed, compresslevel=6, mtime=0
-            ) as out, contextlib.closing(partition_rows(partition.name, columns)) as rows:
+            with (
+                gzip.GzipFile(
+                    filename="", mode="wb", fileobj=hashed, compresslevel=6, mtime=0
+                ) as out,
+                contextlib.closing(partition_rows(partition.name, columns)) as rows,
+            ):
                 for row in rows:
                     out.write(_line(columns, row) + b"\n")
                     row_id = row[at]
@@ -301,8 +304,9 @@ def check_written(written: Written) -> None:
     """Read ``written``'s file and manifest back from the disk and compare them with what
     was written and with the database, row by row; refused (the files removed, the
     partition untouched) at the first difference."""
-    target, manifest = Path(written.path), Path(written.path).with_name(
-        f"{written.partition}.manifest.json"
+    target, manifest = (
+        Path(written.path),
+        Path(written.path).with_name(f"{written.partition}.manifest.json"),
     )
     try:
         _check(written, target, manifest)

@@ -12,34 +12,51 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('console', '0019_partitioned_trace'),
+        ("console", "0019_partitioned_trace"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='TraceArchive',
+            name="TraceArchive",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('partition', models.CharField(max_length=63)),
-                ('low', models.BigIntegerField(blank=True, null=True)),
-                ('high', models.BigIntegerField()),
-                ('path', models.TextField()),
-                ('sha256', models.CharField(max_length=64)),
-                ('rows', models.PositiveBigIntegerField()),
-                ('first_id', models.BigIntegerField(blank=True, null=True)),
-                ('last_id', models.BigIntegerField(blank=True, null=True)),
-                ('archived_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('restored_at', models.DateTimeField(blank=True, null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("partition", models.CharField(max_length=63)),
+                ("low", models.BigIntegerField(blank=True, null=True)),
+                ("high", models.BigIntegerField()),
+                ("path", models.TextField()),
+                ("sha256", models.CharField(max_length=64)),
+                ("rows", models.PositiveBigIntegerField()),
+                ("first_id", models.BigIntegerField(blank=True, null=True)),
+                ("last_id", models.BigIntegerField(blank=True, null=True)),
+                ("archived_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("restored_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'constraints': [models.UniqueConstraint(condition=models.Q(('restored_at__isnull', True)), fields=('partition',), name='trace_archive_one_out')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(("restored_at__isnull", True)),
+                        fields=("partition",),
+                        name="trace_archive_one_out",
+                    )
+                ],
             },
         ),
         migrations.AddField(
-            model_name='task',
-            name='trace_archive',
-            field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='tasks', to='console.tracearchive'),
+            model_name="task",
+            name="trace_archive",
+            field=models.ForeignKey(
+                blank=True,
+                db_index=False,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="tasks",
+                to="console.tracearchive",
+            ),
         ),
     ]

@@ -117,7 +117,7 @@ def _task(
             kind="request",
             decision="executed",
             tool="read_page",
-            args_preview=json.dumps({"page": seq, "text": "ünïcode \"quoted\"\n"}),
+            args_preview=json.dumps({"page": seq, "text": 'ünïcode "quoted"\n'}),
             result_kind="SUCCESS",
             revision=seq,
             latency_ms=seq * 7,
@@ -188,8 +188,12 @@ def test_an_archived_partition_comes_back_with_every_row_and_id_as_it_was(
     assert manifest["rows"] == 8 and manifest["sha256"] == archive.sha256
     # Each task whose trace went says where; the task of the open range does not.
     pointed = dict(Task.objects.filter(id__gte=ranges.low).values_list("id", "trace_archive"))
-    assert pointed == {ranges.low: None, first.id: archive.id, second.id: archive.id,
-                       ranges.low + SIZE: None}
+    assert pointed == {
+        ranges.low: None,
+        first.id: archive.id,
+        second.id: archive.id,
+        ranges.low + SIZE: None,
+    }
 
     restored = trace_archive.restore(Path(archive.manifest_path))
 
@@ -240,7 +244,10 @@ def test_a_range_holding_an_unfinished_task_stays_whatever_its_age(
     holder = _task(ranges.low + 3, state=state)
     if uncertain:
         Operation.objects.create(
-            key="orders/7/refund", fingerprint="f" * 64, state=uncertain, tool="refund",
+            key="orders/7/refund",
+            fingerprint="f" * 64,
+            state=uncertain,
+            tool="refund",
             task=holder,
         )
     ranges.close()
@@ -393,7 +400,10 @@ def test_the_task_page_of_an_archived_task_says_where_its_trace_went_and_keeps_i
 ) -> None:
     task = _task(ranges.low + 1, state=TaskState.QUEUED)
     Operation.objects.create(
-        key="orders/7/notice", fingerprint="e" * 64, state="COMMITTED", tool="send_notice",
+        key="orders/7/notice",
+        fingerprint="e" * 64,
+        state="COMMITTED",
+        tool="send_notice",
         task=task,
     )
     finish(task, "COMPLETED", "goal_met")
@@ -439,8 +449,9 @@ def test_the_command_says_what_it_archived_and_what_it_kept_and_why(
     checked()
 
     dry = StringIO()
-    call_command("archive", "--before", _month_after_now(), "--dir", str(tmp_path),
-                 "--dry-run", stdout=dry)
+    call_command(
+        "archive", "--before", _month_after_now(), "--dir", str(tmp_path), "--dry-run", stdout=dry
+    )
     assert f"would archive {ranges.name}" in dry.getvalue()
     assert ranges.name in _names() and list(tmp_path.iterdir()) == []
 
