@@ -9,8 +9,8 @@ against the database, and only then dropped from it; and brought back.
    first, fsynced, then renamed, and the folder fsynced: a crash leaves no file that looks
    whole and is not.
 2. :func:`check_written` reads the file back from the disk: its SHA-256 must be the
-   manifest's, and each of its lines must be, byte for byte, what the database's row
-   becomes, row by row, with none more on either side.
+   manifest's, and each of its lines must be, byte for byte, the database's row as
+   PostgreSQL writes it in JSON (read again), row by row, with none more on either side.
 3. Only then :func:`console.store.archive.drop_archived` drops the partition, in one
    transaction that checks it still holds exactly those rows.
 
@@ -32,11 +32,9 @@ import re
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
-from decimal import Decimal
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
-from uuid import UUID
 
 from django.conf import settings
 from django.utils import timezone
@@ -50,8 +48,8 @@ from console.store.archive import (
     Written,
     drop_archived,
     partition_columns,
+    partition_lines,
     partition_name,
-    partition_rows,
     plan_archive,
     restore_rows,
 )
@@ -156,24 +154,6 @@ def archive(before: datetime, *, folder: Path | None = None, dry_run: bool = Fal
 # -- writing ---------------------------------------------------------------------------------
 
 
-def _plain(value: Any) -> Any:
-    """A column's value as JSON holds it (and PostgreSQL reads back from that text)."""
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if isinstance(value, Decimal | UUID):
-        return str(value)
-    if isinstance(value, bytes | memoryview):
-        return bytes(value).hex()
-    return value
-
-
-def _line(columns: Sequence[str], row: Sequence[Any]) -> bytes:
-    """One row as its line in the archive, without the newline; the same row always gives
-    the same bytes, which is how the file is compared with the database."""
-    values = {column: _plain(value) for column, value in zip(columns, row, strict=True)}
-    return json.dumps(values, ensure_ascii=False, separators=(",", ":")).encode()
-
-
 class _Hashed:
     """A file being written, with the SHA-256 of every byte that went into it."""
 
@@ -208,7 +188,6 @@ def write_partition(partition: Partition, folder: Path) -> Written:
             )
     columns = partition_columns(partition.name)
     partial = target.with_name(target.name + ".partial")
-    at = _id_at(columns)
     count, first, last = 0, None, None
     try:
         with partial.open("wb") as raw:
@@ -218,11 +197,10 @@ def write_partition(partition: Partition, folder: Path) -> Written:
                 gzip.GzipFile(
                     filename="", mode="wb", fileobj=hashed, compresslevel=6, mtime=0
                 ) as out,
-                contextlib.closing(partition_rows(partition.name, columns)) as rows,
+                contextlib.closing(partition_lines(partition.name)) as rows,
             ):
-                for row in rows:
-                    out.write(_line(columns, row) + b"\n")
-                    row_id = row[at]
+                for row_id, text in rows:
+                    out.write(text.encode() + b"\n")
                     first = row_id if first is None else first
                     last, count = row_id, count + 1
             raw.flush()
@@ -245,12 +223,6 @@ def write_partition(partition: Partition, folder: Path) -> Written:
             path.unlink(missing_ok=True)
         raise
     return written
-
-
-def _id_at(columns: Sequence[str]) -> int:
-    if "id" not in columns:
-        raise ArchiveRefused(f"the trace has no id column among {list(columns)}")
-    return list(columns).index("id")
 
 
 def _manifest_bytes(written: Written, columns: Sequence[str]) -> bytes:
@@ -323,21 +295,19 @@ def _check(written: Written, target: Path, manifest: Path) -> None:
         raise ArchiveRefused(f"{manifest} does not say what was written")
     if _sha256_of(target) != written.sha256 or found["sha256"] != written.sha256:
         raise ArchiveRefused(f"{target} read back is not what was written (SHA-256 differs)")
-    columns: list[str] = found["columns"]
     count = 0
     with (
         gzip.open(target, "rb") as lines,
-        contextlib.closing(partition_rows(written.partition, columns)) as rows,
+        contextlib.closing(partition_lines(written.partition)) as rows,
     ):
-        for row in rows:
+        for row_id, text in rows:
             line = lines.readline().rstrip(b"\n")
             if not line:
                 raise ArchiveRefused(
                     f"{written.partition}: the database holds more rows than the "
                     f"{written.rows} of {target.name}: not dropped"
                 )
-            if line != _line(columns, row):
-                row_id = row[_id_at(columns)]
+            if line != text.encode():
                 raise ArchiveRefused(
                     f"{written.partition}: row id {row_id} differs from line {count + 1} of "
                     f"{target.name}: not dropped"

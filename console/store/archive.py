@@ -48,8 +48,8 @@ __all__ = [
     "Written",
     "drop_archived",
     "partition_columns",
+    "partition_lines",
     "partition_name",
-    "partition_rows",
     "plan_archive",
     "restore_rows",
 ]
@@ -213,21 +213,17 @@ def partition_columns(name: str | None = None) -> list[str]:
         return [str(column) for (column,) in cursor.fetchall()]
 
 
-def partition_rows(
-    name: str, columns: Sequence[str], *, chunk: int = 5000
-) -> Generator[tuple[Any, ...]]:
-    """Every row of partition ``name``, ``columns`` of each, in id order; read through a
-    server-side cursor, ``chunk`` rows at a time, so a partition of millions of rows is
-    never held in memory."""
+def partition_lines(name: str, *, chunk: int = 5000) -> Generator[tuple[int, str]]:
+    """Every row of partition ``name`` in id order: its id, and the row as one JSON object
+    of every column (PostgreSQL's ``row_to_json``, times in the connection's UTC). Read
+    through a server-side cursor, ``chunk`` rows at a time, so a partition of millions of
+    rows is never held in memory; written by the database, the same row always gives the
+    same text, which is how a file is compared with it."""
     table = _known(name)
-    known = set(partition_columns(table))
-    if not columns or any(column not in known for column in columns):
-        raise ArchiveRefused(f"{table} has no column {sorted(set(columns) - known)}")
-    listed = ", ".join(f'"{column}"' for column in columns)
     with connection.chunked_cursor() as cursor:
-        cursor.execute(f"SELECT {listed} FROM {table} ORDER BY id")  # noqa: S608
+        cursor.execute(f"SELECT t.id, row_to_json(t)::text FROM {table} t ORDER BY t.id")  # noqa: S608
         while rows := cursor.fetchmany(chunk):
-            yield from (tuple(row) for row in rows)
+            yield from ((int(row_id), str(text)) for row_id, text in rows)
 
 
 def drop_archived(written: Written) -> TraceArchive:
