@@ -87,7 +87,10 @@ def settings_size() -> int:
 
 # What 0018 had: three finished tasks, two events each, written by the ORM of that time.
 _OLD_ROWS = """
-from console.models import Task, TraceEvent
+from django.db import connection
+from django.db.migrations.loader import MigrationLoader
+old = MigrationLoader(connection).project_state(("console", "0018_client_lost")).apps
+Task, TraceEvent = old.get_model("console", "Task"), old.get_model("console", "TraceEvent")
 for n in range(3):
     task = Task.objects.create(agent="test_reader", input={"n": n}, limits={}, state="COMPLETED",
                                reason="goal_met")
