@@ -78,7 +78,11 @@ def archive() -> dict[str, int]:
     months = int(settings.LOOPGUARD_ARCHIVE_AFTER_MONTHS)
     if months <= 0:
         return {"archived": 0, "refused": 0, "kept": 0}
-    outcome = trace_archive.archive(trace_archive.months_before(timezone.now(), months))
+    try:
+        outcome = trace_archive.archive(trace_archive.months_before(timezone.now(), months))
+    except trace_archive.ArchiveRefused as refused:  # another run holds the lock: tomorrow
+        logger.warning("trace archive not run now: %s", refused)
+        return {"archived": 0, "refused": 0, "kept": 0}
     return {
         "archived": len(outcome.archived),
         "refused": len(outcome.refused),

@@ -47,6 +47,7 @@ from console.store.archive import (
     Plan,
     Written,
     drop_archived,
+    one_at_a_time,
     partition_columns,
     partition_lines,
     partition_name,
@@ -122,17 +123,28 @@ def months_before(now: datetime, months: int) -> datetime:
 def archive(before: datetime, *, folder: Path | None = None, dry_run: bool = False) -> Outcome:
     """Archive every closed partition whose tasks all finished before ``before`` into
     ``folder`` (``LOOPGUARD_ARCHIVE_DIR``); with ``dry_run``, only say what would be."""
-    plan: Plan = plan_archive(before)
-    outcome = Outcome(before, kept=list(plan.kept), planned=list(plan.archivable))
     if dry_run:
-        return outcome
-    where = Path(folder or settings.LOOPGUARD_ARCHIVE_DIR)
+        plan: Plan = plan_archive(before)
+        return Outcome(before, kept=list(plan.kept), planned=list(plan.archivable))
+    with one_at_a_time():
+        return _archive(before, Path(folder or settings.LOOPGUARD_ARCHIVE_DIR))
+
+
+def _archive(before: datetime, where: Path) -> Outcome:
+    plan = plan_archive(before)  # under the lock: no other run is taking any of it
+    outcome = Outcome(before, kept=list(plan.kept), planned=list(plan.archivable))
     for partition in plan.archivable:
         started = time.perf_counter()
         try:
             written = write_partition(partition, where)
             check_written(written)
-            drop_archived(written)
+            try:
+                drop_archived(written)
+            except ArchiveRefused:
+                # Still in the database: the files this run wrote are no archive.
+                for path in _files(where, partition.name):
+                    path.unlink(missing_ok=True)
+                raise
         except ArchiveRefused as refused:
             logger.warning("trace partition %s kept: %s", partition.name, refused)
             outcome.refused.append(Kept(partition.name, str(refused)))
@@ -188,9 +200,12 @@ def write_partition(partition: Partition, folder: Path) -> Written:
             )
     columns = partition_columns(partition.name)
     partial = target.with_name(target.name + ".partial")
+    # Left by a run that died while writing (one run at a time holds the archives' lock):
+    # never an archive, since a file is renamed to its name only once whole.
+    partial.unlink(missing_ok=True)
     count, first, last = 0, None, None
     try:
-        with partial.open("wb") as raw:
+        with partial.open("xb") as raw:
             hashed = _Hashed(raw)
             # mtime=0: the same rows give the same file, whenever they are written.
             with (
@@ -386,7 +401,8 @@ def restore(manifest: Path) -> TraceArchive:
     columns: list[str] = found["columns"]
     rows = _rows_of(target, columns, archive)
     try:
-        restore_rows(archive, columns, rows)
+        with one_at_a_time():
+            restore_rows(archive, columns, rows)
     finally:
         rows.close()
     return archive

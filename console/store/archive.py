@@ -17,7 +17,8 @@ imports this module (``tests/test_architecture.py`` keeps the door).
 from __future__ import annotations
 
 import re
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -47,6 +48,7 @@ __all__ = [
     "Plan",
     "Written",
     "drop_archived",
+    "one_at_a_time",
     "partition_columns",
     "partition_lines",
     "partition_name",
@@ -77,6 +79,33 @@ _EXISTS = "SELECT to_regclass(%s) IS NOT NULL"
 
 class ArchiveRefused(Exception):
     """An archive or a restore that was not made, and why; nothing was changed."""
+
+
+# The session lock that lets one archive or restore run at a time ("LGARCHIV" in ASCII).
+_ONE_AT_A_TIME = 0x4C47415243484956
+
+
+@contextmanager
+def one_at_a_time() -> Iterator[None]:
+    """Hold the lock that one archive or restore at a time holds (a session's advisory lock:
+    released by PostgreSQL if this process dies), so that two runs (the beat's and one by
+    hand) never write the same files or take the same partition. Refused if another run
+    holds it, and on a database other than PostgreSQL (SQLite keeps a plain trace)."""
+    if connection.vendor != "postgresql":
+        raise ArchiveRefused(
+            f"the trace's archives are PostgreSQL's; this database is {connection.vendor}, "
+            "whose trace is one plain table"
+        )
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [_ONE_AT_A_TIME])
+        (held,) = cursor.fetchone() or (False,)
+    if not held:
+        raise ArchiveRefused("another archive or restore is running: try again once it ends")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [_ONE_AT_A_TIME])
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from io import StringIO
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
@@ -559,3 +560,23 @@ def test_retention_is_off_by_default_and_the_beat_archives_daily_once_it_is_set(
 
     bad = _settings_say(LOOPGUARD_ARCHIVE_AFTER_MONTHS="-1")
     assert bad.returncode != 0 and "LOOPGUARD_ARCHIVE_AFTER_MONTHS must be 0" in bad.stderr
+
+
+def test_one_archive_runs_at_a_time(
+    ranges: Ranges, checked: Callable[[], None], tmp_path: Path, settings: Settings
+) -> None:
+    _task(ranges.low + 1)
+    ranges.close()
+    checked()
+    db = settings.DATABASES["default"]
+    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    with psycopg.connect(url, autocommit=True) as other:  # the beat's run, say
+        other.execute("SELECT pg_advisory_lock(%s)", [0x4C47415243484956])
+        with pytest.raises(ArchiveRefused, match="another archive or restore is running"):
+            trace_archive.archive(_before(), folder=tmp_path)
+        with pytest.raises(CommandError, match="nothing archived: another archive"):
+            call_command("archive", "--before", _month_after_now(), "--dir", str(tmp_path))
+        assert ranges.name in _names() and list(tmp_path.iterdir()) == []
+    assert [a.partition for a in trace_archive.archive(_before(), folder=tmp_path).archived] == [
+        ranges.name
+    ]

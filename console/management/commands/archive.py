@@ -41,7 +41,10 @@ class Command(BaseCommand):
         except ValueError as error:
             raise CommandError(f"--before: {error}") from None
         dry_run = bool(options["dry_run"])
-        outcome = trace_archive.archive(before, folder=options["dir"], dry_run=dry_run)
+        try:
+            outcome = trace_archive.archive(before, folder=options["dir"], dry_run=dry_run)
+        except trace_archive.ArchiveRefused as refused:
+            raise CommandError(f"nothing archived: {refused}") from None
         said = f"tasks finished before {before:%Y-%m-%d}"
         if dry_run:
             for partition in outcome.planned:
