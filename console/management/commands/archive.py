@@ -43,8 +43,8 @@ class Command(BaseCommand):
         dry_run = bool(options["dry_run"])
         try:
             outcome = trace_archive.archive(before, folder=options["dir"], dry_run=dry_run)
-        except trace_archive.ArchiveRefused as refused:
-            raise CommandError(f"nothing archived: {refused}") from None
+        except trace_archive.ArchiveRefused as error:
+            raise CommandError(f"nothing archived: {error}") from None
         said = f"tasks finished before {before:%Y-%m-%d}"
         if dry_run:
             for partition in outcome.planned:
