@@ -30,6 +30,7 @@ import logging
 import os
 import re
 import time
+import zlib
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -190,7 +191,10 @@ def write_partition(partition: Partition, folder: Path) -> Written:
     written. Refused if either file exists already (an earlier archive's: never replaced)."""
     if partition.high is None:
         raise ArchiveRefused(f"{partition.name} has no upper bound: not a closed range")
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ArchiveRefused(f"cannot write into {folder}: {error}") from None
     target, manifest = _files(folder, partition.name)
     for path in (target, manifest):
         if path.exists():
@@ -233,9 +237,11 @@ def write_partition(partition: Partition, folder: Path) -> Written:
         )
         _write_fsynced(manifest, _manifest_bytes(written, columns))
         _fsync_folder(folder)
-    except BaseException:
+    except BaseException as error:
         for path in (partial, target, manifest):
             path.unlink(missing_ok=True)
+        if isinstance(error, OSError):  # a full disk, a folder not ours
+            raise ArchiveRefused(f"{target} not written: {error}") from None
         raise
     return written
 
@@ -296,7 +302,10 @@ def check_written(written: Written) -> None:
         Path(written.path).with_name(f"{written.partition}.manifest.json"),
     )
     try:
-        _check(written, target, manifest)
+        try:
+            _check(written, target, manifest)
+        except (OSError, EOFError, zlib.error) as error:  # not readable as it was written
+            raise ArchiveRefused(f"{target} does not read back: {error}") from None
     except ArchiveRefused:
         for path in (target, manifest):
             path.unlink(missing_ok=True)
@@ -383,7 +392,11 @@ def restore(manifest: Path) -> TraceArchive:
     target = manifest.parent / found["file"]
     if not target.is_file():
         raise ArchiveRefused(f"{target} (named by {manifest.name}) is not there")
-    if _sha256_of(target) != found["sha256"]:
+    try:
+        digest = _sha256_of(target)
+    except OSError as error:
+        raise ArchiveRefused(f"{target} cannot be read: {error}") from None
+    if digest != found["sha256"]:
         raise ArchiveRefused(
             f"{target} is damaged: its SHA-256 is not the manifest's. Nothing was restored"
         )

@@ -261,7 +261,8 @@ def drop_archived(written: Written) -> TraceArchive:
     the archive, point the tasks whose trace it holds at it, detach and drop it.
 
     Refused (:class:`ArchiveRefused`, nothing changed) when the partition holds anything
-    else, or its lock is not had within 5 s. The partition is locked against inserts
+    else, a task of its range is no longer finished (resumed since it was planned), or a
+    lock is not had within 5 s. The partition is locked against inserts
     before it is counted, so nothing can join it between the count and the drop; the
     trace's own lock, which detaching takes and every step waits for, is held for
     catalogue changes only, after the count."""
@@ -295,6 +296,12 @@ def drop_archived(written: Written) -> TraceArchive:
                 f" WHERE id IN (SELECT DISTINCT task_id FROM {name})",
                 [archive.id],
             )
+            # Asked again now that its tasks' rows are this transaction's (a resumption
+            # waits for it to end): one resumed since the plan keeps its range.
+            unfinished = _unfinished(_tasks_of(written.low, written.high))
+            if unfinished:
+                said = ", ".join(f"{task_id} ({why})" for task_id, why in unfinished[:3])
+                raise ArchiveRefused(f"{name}: no longer finished: {said}: not dropped")
             cursor.execute(f"ALTER TABLE {TRACE} DETACH PARTITION {name}")
             cursor.execute(f"DROP TABLE {name}")
     except ArchiveRefused:

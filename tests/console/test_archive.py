@@ -580,3 +580,22 @@ def test_one_archive_runs_at_a_time(
     assert [a.partition for a in trace_archive.archive(_before(), folder=tmp_path).archived] == [
         ranges.name
     ]
+
+
+def test_a_task_resumed_after_the_plan_keeps_its_range(
+    ranges: Ranges, checked: Callable[[], None], tmp_path: Path
+) -> None:
+    task = _task(ranges.low + 1, state=TaskState.PARTIAL)
+    ranges.close()
+    checked()
+    partition = next(p for p in history.trace_partitions() if p.name == ranges.name)
+    written = trace_archive.write_partition(partition, tmp_path)
+    trace_archive.check_written(written)
+    # An approver resumes it before the drop: it is queued again, and its range stays.
+    Task.objects.filter(id=task.id).update(state=TaskState.QUEUED, reason="", phase=2)
+
+    with pytest.raises(ArchiveRefused, match=rf"no longer finished: {task.id} \(QUEUED\)"):
+        trace_archive.drop_archived(written)
+    assert ranges.name in _names() and task.events.count() == 3
+    assert Task.objects.get(id=task.id).trace_archive_id is None
+    assert not TraceArchive.objects.exists()
