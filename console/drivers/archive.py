@@ -52,6 +52,7 @@ from console.store.archive import (
     partition_columns,
     partition_lines,
     partition_name,
+    partition_present,
     plan_archive,
     restore_rows,
 )
@@ -142,9 +143,12 @@ def _archive(before: datetime, where: Path) -> Outcome:
             try:
                 drop_archived(written)
             except ArchiveRefused:
-                # Still in the database: the files this run wrote are no archive.
-                for path in _files(where, partition.name):
-                    path.unlink(missing_ok=True)
+                # Still in the database: the files this run wrote are no archive. If that
+                # cannot be told (the connection lost as the drop committed, say), they
+                # may be the only copy: kept.
+                if _still_there(partition.name):
+                    for path in _files(where, partition.name):
+                        path.unlink(missing_ok=True)
                 raise
         except ArchiveRefused as refused:
             logger.warning("trace partition %s kept: %s", partition.name, refused)
@@ -162,6 +166,14 @@ def _archive(before: datetime, where: Path) -> Outcome:
         )
         outcome.archived.append(done)
     return outcome
+
+
+def _still_there(name: str) -> bool:
+    try:
+        return partition_present(name)
+    except Exception:  # the database not answering: nothing is known
+        logger.warning("whether %s is still in the database is not known", name)
+        return False
 
 
 # -- writing ---------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ __all__ = [
     "partition_columns",
     "partition_lines",
     "partition_name",
+    "partition_present",
     "plan_archive",
     "restore_rows",
 ]
@@ -190,8 +191,7 @@ def _kept_because(
     if ended is None:
         return "no task in its range: nothing to archive", ()
     if ended >= before:
-        last = f"the last at {ended:%Y-%m-%d %H:%M}"
-        return f"its tasks finished after {before:%Y-%m-%d} ({last})", ()
+        return f"its last task finished {ended:%Y-%m-%d %H:%M}, not before {before:%Y-%m-%d}", ()
     if not _has_rows(partition.name):
         return "no trace in it: nothing to archive", ()
     return "", ()
@@ -224,6 +224,11 @@ def _has_rows(name: str) -> bool:
         cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {_known(name)})")  # noqa: S608
         (found,) = cursor.fetchone() or (False,)
     return bool(found)
+
+
+def partition_present(name: str) -> bool:
+    """Whether ``name`` is one of the trace's partitions now."""
+    return name in {p.name for p in trace_partitions()}
 
 
 def _known(name: str) -> str:
