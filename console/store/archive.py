@@ -65,7 +65,9 @@ HOLDERS_NAMED = 10
 """How many of the tasks that hold a range back a refusal names (and then how many more)."""
 
 _NAME = re.compile(rf"^{TRACE}_t(\d+)$")
-_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '5s'"
+# Detaching waits for the steps' open transactions on the trace, and steps wait behind it:
+# short, as history's attach (a partition not dropped now is dropped at the next run).
+_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '2s'"
 _COLUMNS = """
 SELECT attname FROM pg_attribute
 WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped
@@ -267,7 +269,7 @@ def drop_archived(written: Written) -> TraceArchive:
 
     Refused (:class:`ArchiveRefused`, nothing changed) when the partition holds anything
     else, a task of its range is no longer finished (resumed since it was planned), or a
-    lock is not had within 5 s. The partition is locked against inserts
+    lock is not had within 2 s. The partition is locked against inserts
     before it is counted, so nothing can join it between the count and the drop; the
     trace's own lock, which detaching takes and every step waits for, is held for
     catalogue changes only, after the count."""
