@@ -533,7 +533,8 @@ def test_months_before_counts_whole_months_back_from_the_start_of_this_one() -> 
 
 _BEAT = (
     "from django.conf import settings; "
-    "print(sorted(settings.CELERY_BEAT_SCHEDULE), settings.LOOPGUARD_ARCHIVE_DIR)"
+    "print(sorted(settings.CELERY_BEAT_SCHEDULE), "
+    "settings.CELERY_BEAT_SCHEDULE.get('trace-archive'), settings.LOOPGUARD_ARCHIVE_DIR)"
 )
 
 
@@ -560,6 +561,8 @@ def test_retention_is_off_by_default_and_the_beat_archives_daily_once_it_is_set(
     on = _settings_say(LOOPGUARD_ARCHIVE_AFTER_MONTHS="6", LOOPGUARD_ARCHIVE_DIR="/srv/arch")
     assert on.returncode == 0, on.stderr
     assert "'trace-archive'" in on.stdout and on.stdout.strip().endswith("/srv/arch")
+    daily = "{'task': 'console.tasks.archive', 'schedule': 86400.0}"
+    assert daily in on.stdout and daily not in off.stdout
 
     bad = _settings_say(LOOPGUARD_ARCHIVE_AFTER_MONTHS="-1")
     assert bad.returncode != 0 and "LOOPGUARD_ARCHIVE_AFTER_MONTHS must be 0" in bad.stderr
@@ -580,6 +583,8 @@ def test_one_archive_runs_at_a_time(
         with pytest.raises(CommandError, match="nothing archived: another archive"):
             call_command("archive", "--before", _month_after_now(), "--dir", str(tmp_path))
         assert ranges.name in _names() and list(tmp_path.iterdir()) == []
+        # Let go at once (a closed connection's lock outlives it a moment on the server).
+        other.execute("SELECT pg_advisory_unlock(%s)", [0x4C47415243484956])
     assert [a.partition for a in trace_archive.archive(_before(), folder=tmp_path).archived] == [
         ranges.name
     ]
