@@ -38,7 +38,7 @@ from console.models import (
     TaskState,
     TraceArchive,
 )
-from console.store.history import TRACE, Partition, trace_partitions
+from console.store.history import Partition, trace_partitions
 
 __all__ = [
     "FINISHED_STATES",
@@ -56,6 +56,10 @@ __all__ = [
     "plan_archive",
     "restore_rows",
 ]
+
+TRACE = "console_traceevent"
+"""The trace's partitioned table (its partitions are named ``<TRACE>_t<low>`` by
+:mod:`console.store.history`)."""
 
 FINISHED_STATES = frozenset(TERMINAL_STATES - {TaskState.NEEDS_HUMAN.value})
 """A task in one of these states is finished, unless a write of its is still uncertain or a

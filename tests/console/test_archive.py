@@ -68,7 +68,7 @@ def ranges(settings: Settings) -> Ranges:
     top = max(p.high or 0 for p in history.trace_partitions() if not p.default)
     _task(top, events=0)  # the newest task: the ranges are made ahead of it
     made = history.partitions_ahead()
-    assert made[0] == f"console_traceevent_t{top}"
+    assert f"console_traceevent_t{top}" in made
     return Ranges(top)
 
 
