@@ -13,7 +13,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("console", "0019_partitioned_trace"),
+        ("console", "0021_partitioned_history"),
     ]
 
     operations = [
