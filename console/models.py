@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from pathlib import PurePath
 from typing import Any, NamedTuple
 
 from django.conf import settings
@@ -246,6 +247,16 @@ class Task(models.Model):
     """When its driver last saved a step. Not indexed on purpose: saved several times a
     step, a change to an unindexed column lets PostgreSQL update the row in place (HOT)."""
     finished_at = models.DateTimeField(null=True, blank=True)
+    trace_archive = models.ForeignKey(
+        "TraceArchive",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="tasks",
+        db_index=False,  # looked up from the task, never the other way on a hot path
+    )
+    """Where its trace went when its partition was archived (``manage.py archive``);
+    ``None`` while the trace is in the database (never archived, or restored)."""
 
     class Meta:
         constraints = [
@@ -448,6 +459,50 @@ class TraceEvent(models.Model):
 
     def __str__(self) -> str:
         return f"task {self.task_id} #{self.seq} {self.kind} {self.tool}".rstrip()
+
+
+class TraceArchive(models.Model):
+    """One partition of the trace written to a file, checked against the database, and then
+    dropped from it (``manage.py archive``; ``manage.py restore_archive`` brings it back).
+
+    The file is ``path`` (compressed JSON lines, one row each) beside its manifest; a task
+    whose trace it holds points at it (``Task.trace_archive``) until it is restored."""
+
+    partition = models.CharField(max_length=63)  # PostgreSQL's longest name
+    low = models.BigIntegerField(null=True, blank=True)
+    """The lowest task id of its range (``None``: every id below ``high``)."""
+    high = models.BigIntegerField()
+    """The first task id above its range."""
+    path = models.TextField()
+    sha256 = models.CharField(max_length=64)
+    rows = models.PositiveBigIntegerField()
+    first_id = models.BigIntegerField(null=True, blank=True)
+    last_id = models.BigIntegerField(null=True, blank=True)
+    archived_at = models.DateTimeField(default=timezone.now)
+    restored_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # A range is out of the database at most once at a time.
+            models.UniqueConstraint(
+                fields=["partition"],
+                condition=Q(restored_at__isnull=True),
+                name="trace_archive_one_out",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.partition} ({self.rows} rows) in {self.path}"
+
+    @property
+    def file_name(self) -> str:
+        """The archive's file, without its folder."""
+        return PurePath(self.path).name
+
+    @property
+    def manifest_path(self) -> str:
+        """Its manifest, beside the file: what ``restore_archive`` is given."""
+        return self.path.removesuffix(".jsonl.gz") + ".manifest.json"
 
 
 class Operation(models.Model):

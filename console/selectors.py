@@ -477,7 +477,11 @@ class TaskDetail:
 
 def task_detail(task_id: int, *, before: int | None = None) -> TaskDetail | None:
     """A task with everything its page shows; ``before`` pages back through the trace."""
-    task = Task.objects.filter(id=task_id).select_related("created_by", "stop_requested_by").first()
+    task = (
+        Task.objects.filter(id=task_id)
+        .select_related("created_by", "stop_requested_by", "trace_archive")
+        .first()
+    )
     if task is None:
         return None
     window = trace(task.id, before=before)

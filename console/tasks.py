@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from django.conf import settings
 from django.db import close_old_connections
+from django.utils import timezone
 
+from console.drivers import archive as trace_archive
 from console.drivers import notifications, otel, runner
 from console.store import history
 
@@ -74,3 +77,24 @@ def export_trace() -> dict[str, int]:
     close_old_connections()
     done = otel.export_pass()
     return {"found": done.found, "exported": done.exported, "failures": done.failures}
+
+
+@shared_task(name="console.tasks.archive")  # type: ignore[untyped-decorator]
+def archive() -> dict[str, int]:
+    """Archive the trace's closed partitions of tasks finished more than
+    ``LOOPGUARD_ARCHIVE_AFTER_MONTHS`` whole months ago (beat, daily, when it is set; safe to
+    run twice: a partition is dropped only once, and one that is gone is not planned)."""
+    close_old_connections()
+    months = int(settings.LOOPGUARD_ARCHIVE_AFTER_MONTHS)
+    if months <= 0:
+        return {"archived": 0, "refused": 0, "kept": 0}
+    try:
+        outcome = trace_archive.archive(trace_archive.months_before(timezone.now(), months))
+    except trace_archive.ArchiveRefused as refused:  # another run holds the lock: tomorrow
+        logger.warning("trace archive not run now: %s", refused)
+        return {"archived": 0, "refused": 0, "kept": 0}
+    return {
+        "archived": len(outcome.archived),
+        "refused": len(outcome.refused),
+        "kept": len(outcome.kept),
+    }

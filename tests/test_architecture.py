@@ -74,8 +74,12 @@ ONLY_FROM: dict[str, set[str]] = {
     # The services' own statements (the token check, the goal lock, the health probe): their
     # callers only.
     "console.store.queries": {"console.api.tokens", "console.services", "console.web.health"},
-    # The history tables' partitions: only the beat's task makes them.
-    "console.store.history": {"console.tasks"},
+    # The history tables' partitions: only the beat's task makes them, and the archives
+    # read which there are.
+    "console.store.history": {"console.tasks", "console.store.archive"},
+    # A partition taken out of the database only once its file is written and checked: by
+    # the archives' driver alone.
+    "console.store.archive": {"console.drivers.archive"},
     # Prepared statements run the store's texts, and only the store's.
     "console.store.statements": {"console.store"},
     # The product does not depend on its demo; only the demo's own entry points start it.

@@ -444,6 +444,15 @@ if LOOPGUARD_TRACE_PARTITION_TASKS < 1:
 LOOPGUARD_HISTORY_PARTITION_ROWS = env_int("LOOPGUARD_HISTORY_PARTITION_ROWS", 1_000_000)
 if LOOPGUARD_HISTORY_PARTITION_ROWS < 1:
     raise ImproperlyConfigured("LOOPGUARD_HISTORY_PARTITION_ROWS must be at least 1")
+# Where `manage.py archive` writes the partitions it takes out of the database (a file and
+# its manifest each), and how many whole months after its tasks finished beat archives a
+# range by itself, daily (0: never; `manage.py archive` by hand only).
+LOOPGUARD_ARCHIVE_DIR = Path(env_str("LOOPGUARD_ARCHIVE_DIR", str(LOOPGUARD_DATA_DIR / "archive")))
+LOOPGUARD_ARCHIVE_AFTER_MONTHS = env_int("LOOPGUARD_ARCHIVE_AFTER_MONTHS", 0)
+if LOOPGUARD_ARCHIVE_AFTER_MONTHS < 0:
+    raise ImproperlyConfigured(
+        "LOOPGUARD_ARCHIVE_AFTER_MONTHS must be 0 (off) or a whole number of months"
+    )
 # How often Celery beat looks for tasks whose driver's lease expired.
 LOOPGUARD_SWEEP_SECONDS = env_float("LOOPGUARD_SWEEP_SECONDS", 10.0)
 LOOPGUARD_REQUEUE_AFTER_SECONDS = env_float("LOOPGUARD_REQUEUE_AFTER_SECONDS", 120.0)
@@ -612,6 +621,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": LOOPGUARD_OTEL_EXPORT_SECONDS,
     },
 }
+if LOOPGUARD_ARCHIVE_AFTER_MONTHS:
+    # Closed ranges of finished tasks older than the retention, to files (console/tasks.py).
+    CELERY_BEAT_SCHEDULE["trace-archive"] = {
+        "task": "console.tasks.archive",
+        "schedule": 86400.0,
+    }
 # Beat keeps its schedule in memory: its entries (the sweep, the notifier) run every few
 # seconds and are safe to run at any time, so there is nothing worth remembering across a
 # restart. (The default, persistent scheduler keeps a shelve file; on Python 3.13 that is
