@@ -411,6 +411,163 @@ def _parse_time(raw: str, name: str, errors: dict[str, str]) -> datetime | None:
     return value
 
 
+COUNTED_UP_TO = 10_000
+"""A list counts the rows its filters match up to this many, and says "more than 10,000"
+past it."""
+
+
+@dataclass(frozen=True)
+class Tally:
+    """How many rows a list's filters match, counted no further than ``bound``: an exact
+    count walks every match (the whole table for an unfiltered list of a million tasks,
+    most of a second) to give a number nobody acts on past a few thousand."""
+
+    n: int
+    """The rows counted: at most ``bound + 1``, which means "more than ``bound``"."""
+    bound: int = COUNTED_UP_TO
+
+    @property
+    def more(self) -> bool:
+        """Whether there are more than ``bound``: the count stopped there."""
+        return self.n > self.bound
+
+    def __str__(self) -> str:
+        return f"more than {self.bound:,}" if self.more else f"{self.n:,}"
+
+
+def tally(qs: QuerySet[Any], *, bound: int | None = None) -> Tally:
+    """Count ``qs`` up to ``bound`` (default :data:`COUNTED_UP_TO`), and one more to know
+    it went past: one query that stops after ``bound + 1`` rows of the index serving
+    ``qs``'s filters."""
+    bound = COUNTED_UP_TO if bound is None else bound
+    return Tally(qs.order_by()[: bound + 1].count(), bound)
+
+
+_PLACE = re.compile(r"(\d{8}T\d{6}\.\d{6})Z_(\d{1,18})")
+
+
+@dataclass(frozen=True)
+class Place:
+    """A row's place in a newest-first list: its time, then its id (the list's order and
+    its index's). In links as ``20261204T170000.123456Z_12345``: UTC to the microsecond, as
+    the database keeps it, so that the next page starts exactly after the row."""
+
+    at: datetime
+    id: int
+
+    def __str__(self) -> str:
+        return f"{self.at.astimezone(UTC):%Y%m%dT%H%M%S.%f}Z_{self.id}"
+
+    @classmethod
+    def parse(cls, raw: str) -> Place | None:
+        """The place ``raw`` names, or ``None`` when it names none."""
+        match = _PLACE.fullmatch(raw.strip())
+        if match is None:
+            return None
+        try:
+            at = datetime.strptime(match.group(1), "%Y%m%dT%H%M%S.%f").replace(tzinfo=UTC)
+        except ValueError:  # digits that are no date (month 13)
+            return None
+        return cls(at, int(match.group(2)))
+
+
+@dataclass(frozen=True)
+class ListPage[M: Model]:
+    """One page of a newest-first list, reached from a row's place (``?after=``: the rows
+    older than it; ``?before=``: the newer ones) instead of a page number. A page number
+    is an OFFSET, which reads and throws away every row before the page: 900,000 of them
+    for a deep page of a million tasks. A place is where the index scan starts."""
+
+    object_list: list[M]
+    total: Tally
+    newer: str = ""
+    """The ``before`` of the page of newer rows (``""``: this is the newest page)."""
+    older: str = ""
+    """The ``after`` of the page of older rows (``""``: nothing older matches)."""
+    error: str = ""
+    """Why the place asked for was not used (the newest page is shown instead)."""
+    field: str = ""
+    """The time the list is ordered by (``created_at``, ``at``)."""
+
+    @property
+    def shown_from(self) -> datetime | None:
+        """The time of the newest row shown (``None``: none is)."""
+        return getattr(self.object_list[0], self.field) if self.object_list else None
+
+    @property
+    def has_previous(self) -> bool:
+        return bool(self.newer)
+
+    @property
+    def has_next(self) -> bool:
+        return bool(self.older)
+
+
+def _list_page[M: Model](
+    qs: QuerySet[M], field: str, query: Mapping[str, str], size: int
+) -> ListPage[M]:
+    """The page of ``qs`` (newest first by ``field``, then id) that ``query`` asks for, in
+    at most three queries whatever the page (its rows, whether rows lie on the far side of
+    them, the tally): each row query starts its index scan at the place."""
+    after, before = query.get("after", ""), query.get("before", "")
+    raw = after or before
+    place = Place.parse(raw) if raw else None
+    error = ""
+    if raw and place is None:
+        shown = raw if len(raw) <= 60 else f"{raw[:60]}…"
+        error = f"{shown!r} is not a place in this list; the newest are shown"
+    total = tally(qs)
+    newest = qs.order_by(f"-{field}", "-id")
+
+    def place_of(row: M) -> Place:
+        return Place(getattr(row, field), int(row.pk))
+
+    # Each pair of bounds: the first is the index's range, the second breaks a tie of times.
+    def older(than: Place) -> Q:
+        return Q(**{f"{field}__lte": than.at}) & (
+            Q(**{f"{field}__lt": than.at}) | Q(id__lt=than.id)
+        )
+
+    def newer(than: Place, *, itself: bool = False) -> Q:
+        same = Q(id__gte=than.id) if itself else Q(id__gt=than.id)
+        return Q(**{f"{field}__gte": than.at}) & (Q(**{f"{field}__gt": than.at}) | same)
+
+    if place is not None and before and not after:
+        # Read upwards from the place, the nearest first, and turned round to be shown.
+        rows = list(qs.filter(newer(place)).order_by(field, "id")[: size + 1])
+        if len(rows) > size:
+            shown_rows = rows[:size][::-1]
+            beyond = qs.filter(older(place_of(shown_rows[-1]))).exists()
+            return ListPage(
+                shown_rows,
+                total,
+            field=field,
+                newer=str(place_of(shown_rows[0])),
+                older=str(place_of(shown_rows[-1])) if beyond else "",
+            )
+        place = None  # no more than a page of newer rows: that is the newest page
+    if place is not None:
+        rows = list(newest.filter(older(place))[: size + 1])
+        shown_rows = rows[:size]
+        above = qs.filter(newer(place, itself=True)).exists()
+        return ListPage(
+            shown_rows,
+            total,
+            field=field,
+            newer=str(place_of(shown_rows[0]) if shown_rows else place) if above else "",
+            older=str(place_of(shown_rows[-1])) if len(rows) > size else "",
+            error=error,
+        )
+    rows = list(newest[: size + 1])
+    return ListPage(
+        rows[:size],
+        total,
+        field=field,
+        older=str(place_of(rows[size - 1])) if len(rows) > size else "",
+        error=error,
+    )
+
+
 def tasks(filters: TaskFilters) -> QuerySet[Task]:
     """Tasks matching ``filters``, newest first."""
     qs = filters.apply(Task.objects.all())
@@ -436,8 +593,15 @@ ATTACHED_AGENTS_SHOWN = 100
 
 
 def task_page(filters: TaskFilters, number: Any) -> Page[Task]:
-    """One page of the task list (a bad page number gives the nearest page)."""
+    """One page of the task list by its number, for the API (a bad page number gives the
+    nearest page); the console's list pages by place instead (:func:`task_list_page`)."""
     return Paginator(tasks(filters), TASKS_PER_PAGE).get_page(number)
+
+
+def task_list_page(filters: TaskFilters, query: Mapping[str, str]) -> ListPage[Task]:
+    """The page of the task list that ``query``'s ``after`` or ``before`` asks for (none:
+    the newest tasks), with how many tasks the filters match (:class:`Tally`)."""
+    return _list_page(tasks(filters), "created_at", query, TASKS_PER_PAGE)
 
 
 def agent_choices() -> list[str]:
@@ -984,9 +1148,10 @@ def audit_entries(filters: AuditFilters) -> QuerySet[AuditEntry]:
     )
 
 
-def audit_page(filters: AuditFilters, number: Any) -> Page[AuditEntry]:
-    """One page of the audit log (a bad page number gives the nearest page)."""
-    return Paginator(audit_entries(filters), AUDIT_PER_PAGE).get_page(number)
+def audit_page(filters: AuditFilters, query: Mapping[str, str]) -> ListPage[AuditEntry]:
+    """The page of the audit log that ``query``'s ``after`` or ``before`` asks for (none:
+    the latest entries), with how many entries the filters match (:class:`Tally`)."""
+    return _list_page(audit_entries(filters), "at", query, AUDIT_PER_PAGE)
 
 
 ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "ABSENT"})()
