@@ -147,7 +147,9 @@ def test_garbage_task_filters_show_what_is_wrong_and_still_list_the_tasks(
 def test_garbage_audit_filters_show_what_is_wrong(signed_in: SignIn, world: World) -> None:
     signed_in("operator").post(f"/tasks/{world.queued.id}/stop", {"reason": "r"})
 
-    response = signed_in("viewer").get("/audit/?task=abc&until=2024-99-99&before=20241399T000000.000000Z_1")
+    response = signed_in("viewer").get(
+        "/audit/?task=abc&until=2024-99-99&before=20241399T000000.000000Z_1"
+    )
 
     assert response.status_code == 200
     html = body(response)
