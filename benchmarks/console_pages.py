@@ -653,15 +653,26 @@ def pages_for(conn: psycopg.Connection[Any], shape: Shape) -> tuple[dict[str, Pa
         key = str(_one(cur.fetchone()))
         cur.execute("SELECT count(*) FROM console_auditentry")
         audit = int(_one(cur.fetchone()))
+        deep = max(2, (tasks + selectors.TASKS_PER_PAGE - 1) // selectors.TASKS_PER_PAGE * 9 // 10)
+        # The list pages from a row's place (its Older link): the place the link to page
+        # ``deep`` carries, that of the last task on the page before it.
+        cur.execute(
+            "SELECT created_at, id FROM console_task ORDER BY created_at DESC, id DESC"
+            " OFFSET %s LIMIT 1",
+            ((deep - 1) * selectors.TASKS_PER_PAGE - 1,),
+        )
+        at, last_id = cur.fetchone() or (None, None)
+    if at is None:
+        raise SystemExit("the benchmark database is empty: run without --reuse")
+    place = selectors.Place(at, int(last_id))
     agent = next(iter(_agents()))
-    deep = max(2, (tasks + selectors.TASKS_PER_PAGE - 1) // selectors.TASKS_PER_PAGE * 9 // 10)
     big = shape.big_task
     board = {"HX-Request": "true", "HX-Target": "board"}
     pages = {
         "dashboard": Page("dashboard", "/"),
         "board": Page("dashboard, htmx poll", "/", board),
         "tasks": Page("tasks, page 1", "/tasks/"),
-        "deep": Page(f"tasks, page {deep}", f"/tasks/?page={deep}"),
+        "deep": Page(f"tasks, page {deep:,}", f"/tasks/?after={place}"),
         "filtered": Page(f"tasks, FAILED {agent}", f"/tasks/?state=FAILED&agent={agent}"),
         "search": Page("tasks, search op key", f"/tasks/?q={key}"),
         "detail": Page(f"task #{big}", f"/tasks/{big}/"),

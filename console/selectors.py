@@ -243,14 +243,14 @@ SPEND_WEEK = timedelta(days=7)
 
 def spend(*, now: datetime | None = None) -> Spend:
     """The spend of today and of the last 7 days in one query, over the week's model
-    calls (``trace_at_brin`` serves the ``at`` range; the day is a filter of the same pass)."""
+    calls: only a model call carries a cost (both drivers write it there alone), so the
+    index of costs (``trace_spend``: ``at``, with the cost beside it) answers it without
+    reading the trace itself; the day is a filter of the same pass."""
     now = now or timezone.now()
     midnight = timezone.localtime(now).replace(hour=0, minute=0, second=0, microsecond=0)
     week_start = now - SPEND_WEEK
     # Today's midnight always falls inside the week: one pass over the week serves both.
-    sums = TraceEvent.objects.filter(
-        at__gte=week_start, kind=EventKind.MODEL_CALL, cost__isnull=False
-    ).aggregate(
+    sums = TraceEvent.objects.filter(at__gte=week_start, cost__isnull=False).aggregate(
         today=Sum("cost", filter=Q(at__gte=midnight)),
         week=Sum("cost", filter=Q(at__gte=week_start)),
     )
@@ -1252,10 +1252,10 @@ class _Percentile(Aggregate):
 
 
 def _stopped_since(since: datetime) -> Q:
-    # Split so each half is served by its partial index: task_recently_stopped (finished,
-    # not waiting for a human) and task_needs_human (held). That one is on updated_at, which
-    # is never earlier than finished_at (a hold sets both; later writes move updated_at
-    # only): the redundant bound lets the scan skip every task held before the window.
+    # Finished in the window and not held for a human, or held and still held within it
+    # (updated_at is never earlier than finished_at: a hold sets both, later writes move
+    # updated_at only). The window on finished_at is task_stopped's range; the rest is read
+    # from the columns it includes, so no task row is fetched.
     return Q(finished_at__gte=since) & (
         Q(finished_at__isnull=False) & ~Q(state=TaskState.NEEDS_HUMAN)
         | Q(state=TaskState.NEEDS_HUMAN, updated_at__gte=since)
@@ -1264,9 +1264,10 @@ def _stopped_since(since: datetime) -> Q:
 
 def trends(*, now: datetime | None = None) -> Trends:
     """The dashboard's charts, counted in the database in three queries (``date_trunc``
-    per hour, ``percentile_cont`` for latency) over windows the indexes serve:
-    ``task_created`` for starts, the two partial indexes of :func:`_stopped_since` for stops,
-    ``trace_at_brin`` for latency. SQLite (standalone mode) draws every chart but latency."""
+    per hour, ``percentile_cont`` for latency) over windows the indexes serve, each read
+    from the index alone: ``task_created`` for starts, ``task_stopped`` (the stop's time,
+    state, reason) for stops, ``trace_latency`` for latency. SQLite (standalone mode) draws
+    every chart but latency."""
     now = now or timezone.now()
     current = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
     hours = [current - timedelta(hours=TREND_HOURS - 1 - i) for i in range(TREND_HOURS)]
@@ -1285,7 +1286,8 @@ def trends(*, now: datetime | None = None) -> Trends:
             )
         )
         .values("reason", "hour")
-        .annotate(n=Count("id"))
+        # COUNT(*), not of ids: task_stopped holds every column this reads, not the id.
+        .annotate(n=Count("*"))
         .order_by()
     )
     week: dict[str, int] = {}
