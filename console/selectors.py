@@ -44,7 +44,6 @@ from console.models import (
     ApprovalState,
     AuditAction,
     AuditEntry,
-    EventKind,
     OnReject,
     Operation,
     OperationEvent,
@@ -172,8 +171,8 @@ def dashboard(*, limit: int = 15) -> Dashboard:
     """What an operator needs at a glance; a fixed handful of queries."""
     counts = {state: 0 for state in TaskState.values}
     # Counting every task ever would scan the whole table on each refresh: what waits is
-    # counted exactly (index-only on task_state_created), what finished over a window
-    # (index-only on task_recently_stopped).
+    # counted exactly (index-only on task_state_agent_created), what finished over a window
+    # (index-only on task_stopped).
     waiting = [TaskState.QUEUED, TaskState.RUNNING, TaskState.NEEDS_HUMAN]
     for row in (
         Task.objects.filter(state__in=waiting).values("state").annotate(n=Count("id")).order_by()
@@ -183,7 +182,7 @@ def dashboard(*, limit: int = 15) -> Dashboard:
         Task.objects.filter(finished_at__gte=timezone.now() - RECENT)
         .exclude(state=TaskState.NEEDS_HUMAN)
         .values("state")
-        .annotate(n=Count("id"))
+        .annotate(n=Count("*"))  # not of ids: task_stopped holds the rest, not the id
         .order_by()
     )
     for row in finished:
