@@ -661,10 +661,10 @@ def pages_for(conn: psycopg.Connection[Any], shape: Shape) -> tuple[dict[str, Pa
             " OFFSET %s LIMIT 1",
             ((deep - 1) * selectors.TASKS_PER_PAGE - 1,),
         )
-        at, last_id = cur.fetchone() or (None, None)
-    if at is None:
+        row = cur.fetchone()
+    if row is None:
         raise SystemExit("the benchmark database is empty: run without --reuse")
-    place = selectors.Place(at, int(last_id))
+    place = selectors.Place(row[0], int(row[1]))
     agent = next(iter(_agents()))
     big = shape.big_task
     board = {"HX-Request": "true", "HX-Target": "board"}
