@@ -515,6 +515,10 @@ def _list_page[M: Model](
     if raw and place is None:
         shown = raw if len(raw) <= 60 else f"{raw[:60]}…"
         error = f"{shown!r} is not a place in this list; the newest are shown"
+    elif not raw and query.get("page", "1").strip() not in ("", "1"):
+        # A link from before the list paged by place (a bookmark of ?page=7): said, not
+        # silently taken for the first page.
+        error = "pages have no numbers any more (follow Older and Newer); the newest are shown"
     total = tally(qs)
     newest = qs.order_by(f"-{field}", "-id")
 

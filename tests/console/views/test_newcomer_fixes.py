@@ -398,3 +398,13 @@ def test_the_audit_log_pages_by_links_and_counts_up_to_its_bound(
     assert re.findall(r"reason (\d)", last) == ["0"]
     assert "Older →" not in _links(last)
     assert re.findall(r"reason (\d)", body(client.get(_links(last)["← Newer"]))) == ["2", "1"]
+
+
+def test_an_old_numbered_page_link_says_the_list_starts_at_the_newest_now(
+    signed_in: SignIn, seven: list[int]
+) -> None:
+    html = body(signed_in("viewer").get("/tasks/?page=2"))
+
+    assert "page: pages have no numbers any more (follow Older and Newer)" in html
+    assert _listed(html) == seven[:3]
+    assert "errorlist" not in body(signed_in("viewer").get("/tasks/?page=1"))
