@@ -269,7 +269,7 @@ class Task(models.Model):
             models.Index(fields=["state", "-created_at", "-id"], name="task_state_created"),
             models.Index(fields=["agent", "-created_at", "-id"], name="task_agent_created"),
             # The list filtered by state and agent both, and its count up to 10,000: each
-            # index above alone leaves a heap read per task of the other's (migration 0022).
+            # index above alone leaves a heap read per task of the other's (migration 0023).
             models.Index(
                 fields=["state", "agent", "-created_at", "-id"], name="task_state_agent_created"
             ),

@@ -1,4 +1,4 @@
-"""Migration 0022: the indexes the console's pages read at a million tasks (PostgreSQL).
+"""Migration 0023: the indexes the console's pages read at a million tasks (PostgreSQL).
 
 Each is made without stopping the console; on the partitioned trace, one partition at a
 time and attached to the parent's, so that the parent's index is valid only once every
@@ -135,7 +135,7 @@ def test_migrating_a_database_with_a_trace_takes_up_an_interrupted_run_and_sums_
             " WHERE indexrelid = 'console_traceevent_t0_spend'::regclass"
         )
 
-    _django(partitioned_database, "migrate", "-v0", "console", "0022")
+    _django(partitioned_database, "migrate", "-v0", "console", "0023")
 
     with psycopg.connect(partitioned_database) as conn:
         valid = dict(

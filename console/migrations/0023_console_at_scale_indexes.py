@@ -139,7 +139,7 @@ def backwards(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
 
 class Migration(migrations.Migration):
     atomic = False  # CREATE INDEX CONCURRENTLY runs outside any transaction
-    dependencies = [("console", "0019_partitioned_trace")]
+    dependencies = [("console", "0022_trace_archive")]
     operations = [
         migrations.SeparateDatabaseAndState(
             state_operations=[
