@@ -64,6 +64,7 @@ ACTIVE_SHARE = 0.003  # the newest tasks are still queued or running
 WRITER_EVERY = 30  # one task in this many made one write (an operation)
 BIG_TASK_WRITE_EVERY = 200  # the big task writes every this many steps
 BIG_TASK_AUDIT = 150  # human actions on the big task (its page shows the latest 100)
+CALL_COST = 12  # what a model call costs, in the currency's minor unit (the dashboard's spend)
 
 # -- data --------------------------------------------------------------------------------------
 # Task ids are 1..n in creation order; task n is the big one. Each task's trace length is
@@ -71,8 +72,8 @@ BIG_TASK_AUDIT = 150  # human actions on the big task (its page shows the latest
 
 TASKS_SQL = """
 INSERT INTO console_task (
-    id, agent, input, input_fingerprint, state, reason, detail, limits,
-    model_calls, requests, executions, tokens, polls, elapsed_ms, revision,
+    id, agent, client, tools, input, input_fingerprint, state, reason, detail, limits,
+    model_calls, requests, executions, tokens, spend, explored, polls, elapsed_ms, revision,
     phase, checkpoint, next_seq, recoveries, lease_owner, lease_expires_at,
     stop_requested_at, stop_requested_by_id, stop_note, created_by_id,
     created_at, updated_at, finished_at
@@ -113,21 +114,22 @@ WITH base AS (
                 'poll_budget', 'goal_unverified'])[1 + floor(r_reason * 10)::int]
             WHEN 'CANCELLED' THEN 'operator_stop'
             WHEN 'NEEDS_HUMAN' THEN (ARRAY['unknown_commit', 'operation_in_flight',
-                'restart_loop', 'invalid_evidence', 'missing_operation_key'])
-                [1 + floor(r_reason * 5)::int]
+                'restart_loop', 'invalid_evidence', 'missing_operation_key',
+                'approval_required'])[1 + floor(r_reason * 6)::int]
             ELSE ''
         END AS reason,
         created_at + make_interval(secs => events * 2.0 + 1) AS ended_at
     FROM shaped
 )
 SELECT
-    id, agent,
+    id, agent, '', '{}'::jsonb,
     jsonb_build_object('ticket', id, 'customer', 'c' || id %% 5000 || '@example.com'),
     md5(agent || ':' || id),
     state, reason,
     CASE WHEN state = 'FAILED' THEN 'the tool gave up: ' || reason ELSE '' END,
     CASE WHEN id = %(n)s::int THEN %(big_limits)s::jsonb ELSE %(limits)s::jsonb END,
-    (events + 1) / 2, events / 2, events * 2 / 5, (events + 1) / 2 * 1200::bigint, 0,
+    (events + 1) / 2, events / 2, events * 2 / 5, (events + 1) / 2 * 1200::bigint,
+    (events + 1) / 2 * %(call_cost)s::bigint, events / 4, 0,
     events * 2000::bigint, events / 5,
     1, NULL, events + 1, 0,
     CASE WHEN state = 'RUNNING' THEN 'worker-' || id %% 4 || ':' || 1000 + id %% 97 ELSE '' END,
@@ -178,7 +180,7 @@ WHERE finished_at IS NOT NULL
 EVENTS_SQL = """
 INSERT INTO console_traceevent (
     task_id, phase, seq, at, kind, decision, reason, tool, fingerprint, args_preview,
-    result_kind, result_preview, revision, operation_key, latency_ms, tokens, detail
+    result_kind, result_preview, revision, operation_key, latency_ms, tokens, cost, detail
 )
 SELECT t.id, 1, s.seq, t.created_at + make_interval(secs => s.seq * 2.0),
     e.kind,
@@ -204,6 +206,7 @@ SELECT t.id, 1, s.seq, t.created_at + make_interval(secs => s.seq * 2.0),
     CASE WHEN e.kind = 'model_call' THEN 400 + (s.seq * 37) %% 1600
          ELSE 20 + (s.seq * 13) %% 280 END,
     CASE WHEN e.kind = 'model_call' THEN 500 + (s.seq * 53) %% 2500 END,
+    CASE WHEN e.kind = 'model_call' THEN %(call_cost)s::bigint END,
     ''
 FROM console_task AS t
 CROSS JOIN LATERAL generate_series(1, t.next_seq - 1) AS s(seq)
@@ -254,6 +257,19 @@ CROSS JOIN LATERAL (
 ) AS o
 WHERE e.operation_key <> ''
 ORDER BY e.id
+"""
+
+# Every task held for a call's approval holds one, still pending: the approval queue on a
+# day nobody answered.
+APPROVALS_SQL = """
+INSERT INTO console_approval (task_id, phase, tool, effect, operation_key, fingerprint, args,
+                              args_preview, state, requested_at, decided_at, reason, on_reject)
+SELECT id, 1, 'send_notice', 'write', 'task-' || id || '-held', md5('held:' || id),
+       jsonb_build_object('recipient', 'ops@example.com', 'text', 'refund ticket ' || id),
+       '{"recipient": "ops@example.com", "text": "refund ticket ' || id || '"}',
+       'PENDING', finished_at, NULL, '', ''
+FROM console_task
+WHERE state = 'NEEDS_HUMAN' AND reason = 'approval_required'
 """
 
 AUDIT_SQL = """
@@ -318,6 +334,8 @@ def generate(conn: psycopg.Connection[Any], shape: Shape, users: list[int]) -> s
     """Fill the migrated database; return a line saying what took how long."""
     from django.conf import settings
 
+    from console.store import history
+
     agents = list(settings.LOOPGUARD_AGENTS)
     limits = dict(settings.LOOPGUARD_DEFAULT_LIMITS)
     big_limits = {
@@ -344,6 +362,7 @@ def generate(conn: psycopg.Connection[Any], shape: Shape, users: list[int]) -> s
         "writer_every": WRITER_EVERY,
         "big_write_every": BIG_TASK_WRITE_EVERY,
         "big_audit": BIG_TASK_AUDIT,
+        "call_cost": CALL_COST,
     }
     laps: list[tuple[str, float]] = []
     start = time.perf_counter()
@@ -354,6 +373,11 @@ def generate(conn: psycopg.Connection[Any], shape: Shape, users: list[int]) -> s
             cur.execute(
                 "SELECT setval(pg_get_serial_sequence('console_task', 'id'), %(n)s::int)", params
             )
+        with timed("trace partitions", laps):
+            # The trace is partitioned by ranges of task ids (migration 0019), made ahead of
+            # the newest task by beat; made here as beat would, or every task past the first
+            # few ranges would put its trace in the default partition.
+            made = len(history.partitions_ahead())
         with timed("phases", laps):
             cur.execute(PHASES_SQL)
         with timed("stop reports", laps):
@@ -362,6 +386,8 @@ def generate(conn: psycopg.Connection[Any], shape: Shape, users: list[int]) -> s
             cur.execute(EVENTS_SQL, params)
         with timed("operations", laps):
             cur.execute(OPERATIONS_SQL, params)
+        with timed("approvals", laps):
+            cur.execute(APPROVALS_SQL)
         with timed("audit", laps):
             cur.execute(AUDIT_SQL, params)
         with timed("vacuum analyze", laps):
@@ -370,7 +396,7 @@ def generate(conn: psycopg.Connection[Any], shape: Shape, users: list[int]) -> s
             cur.execute("VACUUM (ANALYZE)")
     total = time.perf_counter() - start
     parts = ", ".join(f"{label} {seconds:.1f}" for label, seconds in laps)
-    return f"generated in {total:.1f} s ({parts})"
+    return f"generated in {total:.1f} s ({parts}); {made} trace partitions made ahead"
 
 
 # -- measuring ---------------------------------------------------------------------------------
@@ -383,6 +409,8 @@ class Page:
     name: str
     path: str
     headers: dict[str, str] = field(default_factory=dict)
+    run: Callable[[], object] | None = None
+    """Not a page but reads a process makes (the sweep's): timed as a request would be."""
 
 
 @dataclass
@@ -447,16 +475,46 @@ def request(client: Client, page: Page) -> Sample:
     from django.test.utils import CaptureQueriesContext
 
     watch = Stopwatch()
+    body = b""
     with CaptureQueriesContext(connection) as ctx, connection.execute_wrapper(watch):
         start = time.perf_counter()
-        response = client.get(page.path, headers=page.headers)
+        if page.run is not None:
+            page.run()
+        else:
+            response = client.get(page.path, headers=page.headers)
+            if response.status_code != 200:
+                raise SystemExit(f"{page.name}: {page.path} answered {response.status_code}")
+            body = bytes(response.content)
         elapsed = (time.perf_counter() - start) * 1000
-    if response.status_code != 200:
-        raise SystemExit(f"{page.name}: {page.path} answered {response.status_code}")
     texts = [str(q["sql"]) for q in ctx.captured_queries]
     if len(texts) != len(watch.ms):
         raise SystemExit(f"{page.name}: {len(texts)} queries logged, {len(watch.ms)} timed")
-    return Sample(elapsed, list(zip(watch.ms, texts, strict=True)), bytes(response.content))
+    return Sample(elapsed, list(zip(watch.ms, texts, strict=True)), body)
+
+
+def sweep_reads() -> list[int]:
+    """The reads of one recovery sweep (``console.drivers.runner.recovery.sweep``), in its
+    order: attached tasks whose client is gone for good, running tasks whose lease ran out,
+    queued tasks nobody took. The sweep itself also recovers what they find, which would
+    change the database the next run measures."""
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    from console.models import Task, TaskState, lease_lapsed, waiting_for_client
+
+    now = timezone.now()
+    allowed = timedelta(seconds=settings.LOOPGUARD_ATTACHED_CLIENT_LOST_SECONDS)
+    stale = now - timedelta(seconds=settings.LOOPGUARD_REQUEUE_AFTER_SECONDS)
+    found: list[int] = []
+    for qs in (
+        Task.objects.filter(waiting_for_client(now - allowed), stop_requested_at=None),
+        Task.objects.filter(lease_lapsed(now)),
+        Task.objects.filter(state=TaskState.QUEUED, updated_at__lt=stale, client=""),
+    ):
+        found.extend(qs.values_list("id", flat=True)[:500])
+    return found
 
 
 def measure(client: Client, page: Page, repeat: int) -> Timing:
@@ -490,7 +548,7 @@ def _rows(pattern: bytes, body: bytes) -> int:
 
 TASK_ROW = rb'<td><a href="/tasks/\d+/">#'
 EVENT_ROW = rb'<tr class="kind-'
-AUDIT_ROW = rb"<tr><td>"
+AUDIT_ROW = rb'<tr><td class="meta nowrap">'
 
 
 def page_size_table(client: Client, pages: dict[str, Page], repeat: int) -> list[str]:
@@ -595,21 +653,35 @@ def pages_for(conn: psycopg.Connection[Any], shape: Shape) -> tuple[dict[str, Pa
         key = str(_one(cur.fetchone()))
         cur.execute("SELECT count(*) FROM console_auditentry")
         audit = int(_one(cur.fetchone()))
+        deep = max(2, (tasks + selectors.TASKS_PER_PAGE - 1) // selectors.TASKS_PER_PAGE * 9 // 10)
+        # The list pages from a row's place (its Older link): the place the link to page
+        # ``deep`` carries, that of the last task on the page before it.
+        cur.execute(
+            "SELECT created_at, id FROM console_task ORDER BY created_at DESC, id DESC"
+            " OFFSET %s LIMIT 1",
+            ((deep - 1) * selectors.TASKS_PER_PAGE - 1,),
+        )
+        row = cur.fetchone()
+    if row is None:
+        raise SystemExit("the benchmark database is empty: run without --reuse")
+    place = selectors.Place(row[0], int(row[1]))
     agent = next(iter(_agents()))
-    deep = max(2, (tasks + selectors.TASKS_PER_PAGE - 1) // selectors.TASKS_PER_PAGE * 9 // 10)
     big = shape.big_task
     board = {"HX-Request": "true", "HX-Target": "board"}
     pages = {
         "dashboard": Page("dashboard", "/"),
         "board": Page("dashboard, htmx poll", "/", board),
         "tasks": Page("tasks, page 1", "/tasks/"),
-        "deep": Page(f"tasks, page {deep}", f"/tasks/?page={deep}"),
+        "deep": Page(f"tasks, page {deep:,}", f"/tasks/?after={place}"),
         "filtered": Page(f"tasks, FAILED {agent}", f"/tasks/?state=FAILED&agent={agent}"),
         "search": Page("tasks, search op key", f"/tasks/?q={key}"),
         "detail": Page(f"task #{big}", f"/tasks/{big}/"),
         "live": Page(f"task #{big} live", f"/tasks/{big}/live?after={last_seq - 5}"),
         "operations": Page("reconciliation queue", "/operations/"),
+        "approvals": Page("approval queue", "/approvals/"),
         "audit": Page("audit log, page 1", "/audit/"),
+        "metrics": Page("/metrics", "/metrics"),
+        "sweep": Page("recovery sweep's reads", "", run=sweep_reads),
     }
     described = (
         f"{tasks:,} tasks, {events:,} trace events ({big_events:,} on task #{big}), "

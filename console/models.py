@@ -279,11 +279,25 @@ class Task(models.Model):
             models.Index(fields=["-created_at", "-id"], name="task_created"),
             models.Index(fields=["state", "-created_at", "-id"], name="task_state_created"),
             models.Index(fields=["agent", "-created_at", "-id"], name="task_agent_created"),
+            # The list filtered by state and agent both, and its count up to 10,000: each
+            # index above alone leaves a heap read per task of the other's (migration 0023).
+            models.Index(
+                fields=["state", "agent", "-created_at", "-id"], name="task_state_agent_created"
+            ),
             # Dashboard "recently stopped" and its counts of what finished lately.
             models.Index(
                 fields=["-finished_at", "state"],
                 condition=Q(finished_at__isnull=False) & ~Q(state="NEEDS_HUMAN"),
                 name="task_recently_stopped",
+            ),
+            # The dashboard's stops by reason and per hour (selectors.trends) over a week of
+            # stops: read from the index alone, where the two partial indexes fetched every
+            # stopped task's row for its reason (a seq scan at a million tasks).
+            models.Index(
+                fields=["finished_at"],
+                include=["state", "reason", "updated_at"],
+                condition=Q(finished_at__isnull=False),
+                name="task_stopped",
             ),
             # Dashboard "needs a human now", oldest first.
             models.Index(
@@ -445,7 +459,7 @@ class TraceEvent(models.Model):
     tokens = models.PositiveIntegerField(null=True, blank=True)
     cost = models.PositiveBigIntegerField(null=True, blank=True)
     """A model call's spend, in the minor unit of ``LOOPGUARD_CURRENCY`` (the dashboard's
-    spend today and this week sum it, over ``trace_at_brin``)."""
+    spend today and this week sum it, over ``trace_spend``)."""
     detail = models.TextField(blank=True)
 
     class Meta:
@@ -454,6 +468,24 @@ class TraceEvent(models.Model):
             models.UniqueConstraint(fields=["task", "seq"], name="trace_task_seq"),
             models.CheckConstraint(
                 condition=_in("kind", EventKind.values), name="trace_kind_valid"
+            ),
+        ]
+        indexes = [
+            # The dashboard's spend today and this week, summed from the index alone: the
+            # BRIN index on ``at`` read every block of the week's trace (~40k at 10M events)
+            # for a column of one event in two. Only priced model calls have a cost.
+            models.Index(
+                fields=["at"],
+                include=["cost"],
+                condition=Q(cost__isnull=False),
+                name="trace_spend",
+            ),
+            # The step latency chart (24 h) and /metrics' latency histogram (1 h), likewise.
+            models.Index(
+                fields=["at"],
+                include=["latency_ms", "kind"],
+                condition=Q(latency_ms__isnull=False),
+                name="trace_latency",
             ),
         ]
 

@@ -44,7 +44,6 @@ from console.models import (
     ApprovalState,
     AuditAction,
     AuditEntry,
-    EventKind,
     OnReject,
     Operation,
     OperationEvent,
@@ -172,8 +171,8 @@ def dashboard(*, limit: int = 15) -> Dashboard:
     """What an operator needs at a glance; a fixed handful of queries."""
     counts = {state: 0 for state in TaskState.values}
     # Counting every task ever would scan the whole table on each refresh: what waits is
-    # counted exactly (index-only on task_state_created), what finished over a window
-    # (index-only on task_recently_stopped).
+    # counted exactly (index-only on task_state_agent_created), what finished over a window
+    # (index-only on task_stopped).
     waiting = [TaskState.QUEUED, TaskState.RUNNING, TaskState.NEEDS_HUMAN]
     for row in (
         Task.objects.filter(state__in=waiting).values("state").annotate(n=Count("id")).order_by()
@@ -183,7 +182,7 @@ def dashboard(*, limit: int = 15) -> Dashboard:
         Task.objects.filter(finished_at__gte=timezone.now() - RECENT)
         .exclude(state=TaskState.NEEDS_HUMAN)
         .values("state")
-        .annotate(n=Count("id"))
+        .annotate(n=Count("*"))  # not of ids: task_stopped holds the rest, not the id
         .order_by()
     )
     for row in finished:
@@ -243,14 +242,14 @@ SPEND_WEEK = timedelta(days=7)
 
 def spend(*, now: datetime | None = None) -> Spend:
     """The spend of today and of the last 7 days in one query, over the week's model
-    calls (``trace_at_brin`` serves the ``at`` range; the day is a filter of the same pass)."""
+    calls: only a model call carries a cost (both drivers write it there alone), so the
+    index of costs (``trace_spend``: ``at``, with the cost beside it) answers it without
+    reading the trace itself; the day is a filter of the same pass."""
     now = now or timezone.now()
     midnight = timezone.localtime(now).replace(hour=0, minute=0, second=0, microsecond=0)
     week_start = now - SPEND_WEEK
     # Today's midnight always falls inside the week: one pass over the week serves both.
-    sums = TraceEvent.objects.filter(
-        at__gte=week_start, kind=EventKind.MODEL_CALL, cost__isnull=False
-    ).aggregate(
+    sums = TraceEvent.objects.filter(at__gte=week_start, cost__isnull=False).aggregate(
         today=Sum("cost", filter=Q(at__gte=midnight)),
         week=Sum("cost", filter=Q(at__gte=week_start)),
     )
@@ -411,6 +410,167 @@ def _parse_time(raw: str, name: str, errors: dict[str, str]) -> datetime | None:
     return value
 
 
+COUNTED_UP_TO = 10_000
+"""A list counts the rows its filters match up to this many, and says "more than 10,000"
+past it."""
+
+
+@dataclass(frozen=True)
+class Tally:
+    """How many rows a list's filters match, counted no further than ``bound``: an exact
+    count walks every match (the whole table for an unfiltered list of a million tasks,
+    most of a second) to give a number nobody acts on past a few thousand."""
+
+    n: int
+    """The rows counted: at most ``bound + 1``, which means "more than ``bound``"."""
+    bound: int = COUNTED_UP_TO
+
+    @property
+    def more(self) -> bool:
+        """Whether there are more than ``bound``: the count stopped there."""
+        return self.n > self.bound
+
+    def __str__(self) -> str:
+        return f"more than {self.bound:,}" if self.more else f"{self.n:,}"
+
+
+def tally(qs: QuerySet[Any], *, bound: int | None = None) -> Tally:
+    """Count ``qs`` up to ``bound`` (default :data:`COUNTED_UP_TO`), and one more to know
+    it went past: one query that stops after ``bound + 1`` rows of the index serving
+    ``qs``'s filters."""
+    bound = COUNTED_UP_TO if bound is None else bound
+    return Tally(qs.order_by()[: bound + 1].count(), bound)
+
+
+_PLACE = re.compile(r"(\d{8}T\d{6}\.\d{6})Z_(\d{1,18})")
+
+
+@dataclass(frozen=True)
+class Place:
+    """A row's place in a newest-first list: its time, then its id (the list's order and
+    its index's). In links as ``20261204T170000.123456Z_12345``: UTC to the microsecond, as
+    the database keeps it, so that the next page starts exactly after the row."""
+
+    at: datetime
+    id: int
+
+    def __str__(self) -> str:
+        return f"{self.at.astimezone(UTC):%Y%m%dT%H%M%S.%f}Z_{self.id}"
+
+    @classmethod
+    def parse(cls, raw: str) -> Place | None:
+        """The place ``raw`` names, or ``None`` when it names none."""
+        match = _PLACE.fullmatch(raw.strip())
+        if match is None:
+            return None
+        try:
+            at = datetime.strptime(match.group(1), "%Y%m%dT%H%M%S.%f").replace(tzinfo=UTC)
+        except ValueError:  # digits that are no date (month 13)
+            return None
+        return cls(at, int(match.group(2)))
+
+
+@dataclass(frozen=True)
+class ListPage[M: Model]:
+    """One page of a newest-first list, reached from a row's place (``?after=``: the rows
+    older than it; ``?before=``: the newer ones) instead of a page number. A page number
+    is an OFFSET, which reads and throws away every row before the page: 900,000 of them
+    for a deep page of a million tasks. A place is where the index scan starts."""
+
+    object_list: list[M]
+    total: Tally
+    newer: str = ""
+    """The ``before`` of the page of newer rows (``""``: this is the newest page)."""
+    older: str = ""
+    """The ``after`` of the page of older rows (``""``: nothing older matches)."""
+    error: str = ""
+    """Why the place asked for was not used (the newest page is shown instead)."""
+    field: str = ""
+    """The time the list is ordered by (``created_at``, ``at``)."""
+
+    @property
+    def shown_from(self) -> datetime | None:
+        """The time of the newest row shown (``None``: none is)."""
+        return getattr(self.object_list[0], self.field) if self.object_list else None
+
+    @property
+    def has_previous(self) -> bool:
+        return bool(self.newer)
+
+    @property
+    def has_next(self) -> bool:
+        return bool(self.older)
+
+
+def _list_page[M: Model](
+    qs: QuerySet[M], field: str, query: Mapping[str, str], size: int
+) -> ListPage[M]:
+    """The page of ``qs`` (newest first by ``field``, then id) that ``query`` asks for, in
+    at most three queries whatever the page (its rows, whether rows lie on the far side of
+    them, the tally): each row query starts its index scan at the place."""
+    after, before = query.get("after", ""), query.get("before", "")
+    raw = after or before
+    place = Place.parse(raw) if raw else None
+    error = ""
+    if raw and place is None:
+        shown = raw if len(raw) <= 60 else f"{raw[:60]}…"
+        error = f"{shown!r} is not a place in this list; the newest are shown"
+    elif not raw and query.get("page", "1").strip() not in ("", "1"):
+        # A link from before the list paged by place (a bookmark of ?page=7): said, not
+        # silently taken for the first page.
+        error = "pages have no numbers any more (follow Older and Newer); the newest are shown"
+    total = tally(qs)
+    newest = qs.order_by(f"-{field}", "-id")
+
+    def place_of(row: M) -> Place:
+        return Place(getattr(row, field), int(row.pk))
+
+    # Each pair of bounds: the first is the index's range, the second breaks a tie of times.
+    def older(than: Place) -> Q:
+        return Q(**{f"{field}__lte": than.at}) & (
+            Q(**{f"{field}__lt": than.at}) | Q(id__lt=than.id)
+        )
+
+    def newer(than: Place, *, itself: bool = False) -> Q:
+        same = Q(id__gte=than.id) if itself else Q(id__gt=than.id)
+        return Q(**{f"{field}__gte": than.at}) & (Q(**{f"{field}__gt": than.at}) | same)
+
+    if place is not None and before and not after:
+        # Read upwards from the place, the nearest first, and turned round to be shown.
+        rows = list(qs.filter(newer(place)).order_by(field, "id")[: size + 1])
+        if len(rows) > size:
+            shown_rows = rows[:size][::-1]
+            beyond = qs.filter(older(place_of(shown_rows[-1]))).exists()
+            return ListPage(
+                shown_rows,
+                total,
+            field=field,
+                newer=str(place_of(shown_rows[0])),
+                older=str(place_of(shown_rows[-1])) if beyond else "",
+            )
+        place = None  # no more than a page of newer rows: that is the newest page
+    if place is not None:
+        rows = list(newest.filter(older(place))[: size + 1])
+        shown_rows = rows[:size]
+        above = qs.filter(newer(place, itself=True)).exists()
+        return ListPage(
+            shown_rows,
+            total,
+            field=field,
+            newer=str(place_of(shown_rows[0]) if shown_rows else place) if above else "",
+            older=str(place_of(shown_rows[-1])) if len(rows) > size else "",
+            error=error,
+        )
+    rows = list(newest[: size + 1])
+    return ListPage(
+        rows[:size],
+        total,
+        field=field,
+        older=str(place_of(rows[size - 1])) if len(rows) > size else "",
+        error=error,
+    )
+
+
 def tasks(filters: TaskFilters) -> QuerySet[Task]:
     """Tasks matching ``filters``, newest first."""
     qs = filters.apply(Task.objects.all())
@@ -436,8 +596,15 @@ ATTACHED_AGENTS_SHOWN = 100
 
 
 def task_page(filters: TaskFilters, number: Any) -> Page[Task]:
-    """One page of the task list (a bad page number gives the nearest page)."""
+    """One page of the task list by its number, for the API (a bad page number gives the
+    nearest page); the console's list pages by place instead (:func:`task_list_page`)."""
     return Paginator(tasks(filters), TASKS_PER_PAGE).get_page(number)
+
+
+def task_list_page(filters: TaskFilters, query: Mapping[str, str]) -> ListPage[Task]:
+    """The page of the task list that ``query``'s ``after`` or ``before`` asks for (none:
+    the newest tasks), with how many tasks the filters match (:class:`Tally`)."""
+    return _list_page(tasks(filters), "created_at", query, TASKS_PER_PAGE)
 
 
 def agent_choices() -> list[str]:
@@ -988,9 +1155,10 @@ def audit_entries(filters: AuditFilters) -> QuerySet[AuditEntry]:
     )
 
 
-def audit_page(filters: AuditFilters, number: Any) -> Page[AuditEntry]:
-    """One page of the audit log (a bad page number gives the nearest page)."""
-    return Paginator(audit_entries(filters), AUDIT_PER_PAGE).get_page(number)
+def audit_page(filters: AuditFilters, query: Mapping[str, str]) -> ListPage[AuditEntry]:
+    """The page of the audit log that ``query``'s ``after`` or ``before`` asks for (none:
+    the latest entries), with how many entries the filters match (:class:`Tally`)."""
+    return _list_page(audit_entries(filters), "at", query, AUDIT_PER_PAGE)
 
 
 ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "ABSENT"})()
@@ -1091,10 +1259,10 @@ class _Percentile(Aggregate):
 
 
 def _stopped_since(since: datetime) -> Q:
-    # Split so each half is served by its partial index: task_recently_stopped (finished,
-    # not waiting for a human) and task_needs_human (held). That one is on updated_at, which
-    # is never earlier than finished_at (a hold sets both; later writes move updated_at
-    # only): the redundant bound lets the scan skip every task held before the window.
+    # Finished in the window and not held for a human, or held and still held within it
+    # (updated_at is never earlier than finished_at: a hold sets both, later writes move
+    # updated_at only). The window on finished_at is task_stopped's range; the rest is read
+    # from the columns it includes, so no task row is fetched.
     return Q(finished_at__gte=since) & (
         Q(finished_at__isnull=False) & ~Q(state=TaskState.NEEDS_HUMAN)
         | Q(state=TaskState.NEEDS_HUMAN, updated_at__gte=since)
@@ -1103,9 +1271,10 @@ def _stopped_since(since: datetime) -> Q:
 
 def trends(*, now: datetime | None = None) -> Trends:
     """The dashboard's charts, counted in the database in three queries (``date_trunc``
-    per hour, ``percentile_cont`` for latency) over windows the indexes serve:
-    ``task_created`` for starts, the two partial indexes of :func:`_stopped_since` for stops,
-    ``trace_at_brin`` for latency. SQLite (standalone mode) draws every chart but latency."""
+    per hour, ``percentile_cont`` for latency) over windows the indexes serve, each read
+    from the index alone: ``task_created`` for starts, ``task_stopped`` (the stop's time,
+    state, reason) for stops, ``trace_latency`` for latency. SQLite (standalone mode) draws
+    every chart but latency."""
     now = now or timezone.now()
     current = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
     hours = [current - timedelta(hours=TREND_HOURS - 1 - i) for i in range(TREND_HOURS)]
@@ -1124,7 +1293,8 @@ def trends(*, now: datetime | None = None) -> Trends:
             )
         )
         .values("reason", "hour")
-        .annotate(n=Count("id"))
+        # COUNT(*), not of ids: task_stopped holds every column this reads, not the id.
+        .annotate(n=Count("*"))
         .order_by()
     )
     week: dict[str, int] = {}

@@ -153,6 +153,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
     }
+# PostgreSQL's JIT compiles a plan whose estimated cost passes jit_above_cost. The dashboard's
+# and /metrics' aggregates over a million tasks and ten million trace events do, and spend
+# more compiling than running (tens to hundreds of ms a query); the console's queries are
+# short, so its connections turn JIT off unless this asks to keep the server's setting.
+LOOPGUARD_DATABASE_JIT = env_bool("LOOPGUARD_DATABASE_JIT", False)
+_POSTGRESQL = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+if _POSTGRESQL and not LOOPGUARD_DATABASE_JIT:
+    _given = DATABASES["default"].get("OPTIONS")
+    _options: dict[str, object] = dict(_given) if isinstance(_given, dict) else {}
+    _options["options"] = f"{_options.get('options', '')} -c jit=off".strip()
+    DATABASES["default"]["OPTIONS"] = _options
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_redis_url("REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -19,7 +19,6 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.models import User
 from django.core.exceptions import BadRequest, PermissionDenied
-from django.core.paginator import Page
 from django.http import (
     Http404,
     HttpRequest,
@@ -83,7 +82,7 @@ def _list(
     request: HttpRequest,
     template: str,
     filters: selectors.TaskFilters | selectors.AuditFilters,
-    page: Page[Any],
+    page: selectors.ListPage[Any],
     choices: Mapping[str, Any],
 ) -> HttpResponse:
     """A filtered list: the whole page, or only its ``results`` when htmx filters it or
@@ -149,7 +148,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 @requires(Capability.READ)
 def task_list(request: HttpRequest) -> HttpResponse:
     filters = selectors.TaskFilters.from_query(request.GET)
-    page = selectors.task_page(filters, request.GET.get("page"))
+    page = selectors.task_list_page(filters, request.GET)
     choices = {
         "states": TaskState.values,
         "reasons": STOP_REASONS,
@@ -491,7 +490,7 @@ def approval_answer(request: HttpRequest, approval_id: int) -> HttpResponse:
 @requires(Capability.READ)
 def audit(request: HttpRequest) -> HttpResponse:
     filters = selectors.AuditFilters.from_query(request.GET)
-    page = selectors.audit_page(filters, request.GET.get("page"))
+    page = selectors.audit_page(filters, request.GET)
     return _list(request, "console/audit.html", filters, page, {"actions": AuditAction.choices})
 
 

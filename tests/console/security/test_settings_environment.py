@@ -6,10 +6,13 @@ in silence, leaving a console in debug mode that its operator believed in produc
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import warnings
+from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
@@ -145,3 +148,26 @@ def test_no_variable_the_reference_or_the_example_file_names_is_refused() -> Non
     check_environment(
         dict.fromkeys(names, "1"), read=console_settings._READ, debug=console_settings.DEBUG
     )
+
+
+SHOW_JIT = (
+    "from django.db import connection\n"
+    "with connection.cursor() as cursor:\n"
+    "    cursor.execute('SHOW jit')\n"
+    "    print('JIT', cursor.fetchone()[0])\n"
+)
+
+
+def test_the_consoles_connections_run_without_jit_unless_told_to_keep_the_servers() -> None:
+    # JIT compiled the dashboard's aggregates at a million tasks for longer than they ran.
+    # The server's own database: the test database is made later, by pytest-django.
+    given = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/x"))
+    url = urlunsplit(given._replace(path="/postgres"))
+    with psycopg.connect(url) as plain:
+        row = plain.execute("SHOW jit").fetchone()
+    assert row is not None
+    server = row[0]
+
+    assert "JIT off" in run_settings(SHOW_JIT, DATABASE_URL=url).stdout
+    kept = run_settings(SHOW_JIT, DATABASE_URL=url, LOOPGUARD_DATABASE_JIT="1")
+    assert f"JIT {server}" in kept.stdout

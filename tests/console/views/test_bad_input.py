@@ -133,25 +133,30 @@ def test_the_resolve_form_sends_people_back_to_the_page_they_came_from(
 def test_garbage_task_filters_show_what_is_wrong_and_still_list_the_tasks(
     signed_in: SignIn, world: World
 ) -> None:
-    response = signed_in("viewer").get("/tasks/?state=BOGUS&since=notadate&page=zzz")
+    response = signed_in("viewer").get("/tasks/?state=BOGUS&since=notadate&after=zzz")
 
     assert response.status_code == 200
     html = body(response)
     assert "state: unknown state &#x27;BOGUS&#x27;" in html
     assert "since: &#x27;notadate&#x27; is not a date and time" in html
+    assert "page: &#x27;zzz&#x27; is not a place in this list; the newest are shown" in html
     assert "3 tasks" in html  # the bad filters are dropped, not applied
-    assert "page 1 of 1" in html
+    assert "the newest tasks" in html and 'rel="next"' not in html
 
 
 def test_garbage_audit_filters_show_what_is_wrong(signed_in: SignIn, world: World) -> None:
     signed_in("operator").post(f"/tasks/{world.queued.id}/stop", {"reason": "r"})
 
-    response = signed_in("viewer").get("/audit/?task=abc&until=2024-99-99&page=zzz")
+    response = signed_in("viewer").get(
+        "/audit/?task=abc&until=2024-99-99&before=20241399T000000.000000Z_1"
+    )
 
     assert response.status_code == 200
     html = body(response)
     assert "task: &#x27;abc&#x27; is not a task id" in html
     assert "until: &#x27;2024-99-99&#x27; is not a date and time" in html
+    # Digits in the shape of a place, but month 13 of no year: named, not a server error.
+    assert "page: &#x27;20241399T000000.000000Z_1&#x27; is not a place in this list" in html
     assert "1 entry" in html
 
 

@@ -1,5 +1,7 @@
 """What a newcomer met on the console (issue 12): bad filters said nothing, the dashboard's
-boxes hid how many more there were, and the start form opened on an input for another agent."""
+boxes hid how many more there were, and the start form opened on an input for another agent.
+And how the long lists page and count at a million tasks (issue 23): from a row's place,
+never a page number, and "more than 10,000" rather than a count of every match."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.utils import timezone
 
+from console import selectors
 from console.models import AuditEntry, Task
 from console.services import MAX_TEXT_CHARS
 
@@ -267,3 +271,140 @@ def test_the_start_form_the_api_and_the_guide_state_the_same_reason_rule(
     assert rule.capitalize() in form
     assert f'maxlength="{MAX_TEXT_CHARS}"' in form
     assert rule in " ".join(start.split())
+
+
+# -- paging and counting long lists ------------------------------------------------------------
+
+
+def _links(html: str) -> dict[str, str]:
+    """The pager's links, by their words, as the href a person (or a keyboard) follows."""
+    pager = html[html.index('<nav class="pager"') :]
+    pager = pager[: pager.index("</nav>")]
+    found = re.findall(r'<a href="([^"]+)"[^>]*>([^<]+)</a>', pager)
+    return {words.strip(): html_module.unescape(href) for href, words in found}
+
+
+html_module = html
+
+
+def _listed(html: str) -> list[int]:
+    return [int(n) for n in re.findall(r'<td><a href="/tasks/(\d+)/">#', html)]
+
+
+@pytest.fixture
+def seven(start: Start, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Seven tasks created in the same microsecond (the list breaks the tie by id), three to
+    a page; their ids newest first."""
+    monkeypatch.setattr(selectors, "TASKS_PER_PAGE", 3)
+    ids = [start("test_reader", {"pages": n}).id for n in range(7)]
+    Task.objects.filter(id__in=ids).update(created_at=timezone.now())
+    return sorted(ids, reverse=True)
+
+
+def test_the_task_list_pages_older_and_back_newer_by_links_from_its_rows(
+    signed_in: SignIn, seven: list[int]
+) -> None:
+    client = signed_in("viewer")
+
+    first = body(client.get("/tasks/"))
+    assert _listed(first) == seven[:3]
+    assert set(_links(first)) == {"Older →"}  # the newest page: nothing newer
+    assert "the newest tasks" in first
+
+    second = body(client.get(_links(first)["Older →"]))
+    assert _listed(second) == seven[3:6]
+    assert set(_links(second)) == {"Newest", "← Newer", "Older →"}
+
+    last = body(client.get(_links(second)["Older →"]))
+    assert _listed(last) == seven[6:]
+    assert set(_links(last)) == {"Newest", "← Newer"}  # nothing older
+
+    back = body(client.get(_links(last)["← Newer"]))
+    assert _listed(back) == seven[3:6]
+    top = body(client.get(_links(back)["← Newer"]))
+    assert _listed(top) == seven[:3]
+    assert set(_links(top)) == {"Older →"}
+    assert _listed(body(client.get(_links(back)["Newest"]))) == seven[:3]
+
+
+def test_paging_keeps_the_filters_and_a_task_started_meanwhile_moves_no_row(
+    signed_in: SignIn, start: Start, seven: list[int]
+) -> None:
+    client = signed_in("viewer")
+    first = body(client.get("/tasks/?state=QUEUED&agent=test_reader"))
+    older = _links(first)["Older →"]
+    assert "state=QUEUED" in older and "agent=test_reader" in older
+
+    start("test_reader", {"pages": 99})  # a page number would now show seven[2] again
+
+    assert _listed(body(client.get(older))) == seven[3:6]
+
+
+def test_a_page_from_newer_rows_than_a_page_holds_is_the_newest_page(
+    signed_in: SignIn, seven: list[int]
+) -> None:
+    client = signed_in("viewer")
+    second = body(client.get(_links(body(client.get("/tasks/")))["Older →"]))
+    # Back from the second page's second row: two newer rows, less than a page.
+    one_in = _links(body(client.get(_links(second)["← Newer"])))["Older →"]
+    place = one_in.split("after=")[1]
+
+    html = body(client.get(f"/tasks/?before={place}"))
+
+    assert _listed(html) == seven[:3]
+    assert set(_links(html)) == {"Older →"}
+
+
+def test_a_list_past_the_counted_bound_says_more_than_and_stops_counting(
+    signed_in: SignIn, seven: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = signed_in("viewer")
+    monkeypatch.setattr(selectors, "COUNTED_UP_TO", 6)
+
+    assert "More than 6 tasks. Times in" in body(client.get("/tasks/"))
+    assert "More than 6 tasks match these filters." in body(
+        client.get("/tasks/?agent=test_reader")
+    )
+    monkeypatch.setattr(selectors, "COUNTED_UP_TO", 7)
+    assert "7 tasks. Times in" in body(client.get("/tasks/"))  # up to the bound: exact
+
+
+def test_the_audit_log_pages_by_links_and_counts_up_to_its_bound(
+    signed_in: SignIn, world: World, people: dict[str, User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(selectors, "AUDIT_PER_PAGE", 2)
+    monkeypatch.setattr(selectors, "COUNTED_UP_TO", 4)
+    # Five stops, a minute apart, reason 4 the latest; the last two at the same instant.
+    now = timezone.now()
+    AuditEntry.objects.bulk_create(
+        AuditEntry(
+            actor=people["operator"],
+            action="stop",
+            task=world.queued,
+            reason=f"reason {n}",
+            at=now - timedelta(minutes=max(4 - n, 1)),
+        )
+        for n in range(5)
+    )
+    client = signed_in("viewer")
+
+    first = body(client.get("/audit/?action=stop"))
+    assert "More than 4 entries" in first
+    assert re.findall(r"reason (\d)", first) == ["4", "3"]
+    second = body(client.get(_links(first)["Older →"]))
+    assert re.findall(r"reason (\d)", second) == ["2", "1"]
+    assert "action=stop" in _links(second)["← Newer"]
+    last = body(client.get(_links(second)["Older →"]))
+    assert re.findall(r"reason (\d)", last) == ["0"]
+    assert "Older →" not in _links(last)
+    assert re.findall(r"reason (\d)", body(client.get(_links(last)["← Newer"]))) == ["2", "1"]
+
+
+def test_an_old_numbered_page_link_says_the_list_starts_at_the_newest_now(
+    signed_in: SignIn, seven: list[int]
+) -> None:
+    html = body(signed_in("viewer").get("/tasks/?page=2"))
+
+    assert "page: pages have no numbers any more (follow Older and Newer)" in html
+    assert _listed(html) == seven[:3]
+    assert "errorlist" not in body(signed_in("viewer").get("/tasks/?page=1"))
