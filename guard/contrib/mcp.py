@@ -1,0 +1,641 @@
+"""An MCP gateway: the guard between any MCP client and its tool servers
+(``pip install "loopguard-guard[mcp]"``; ``python -m guard.contrib.mcp --config FILE``).
+
+The agent's MCP client (a desktop assistant, a coding agent, the OpenAI Agents SDK's MCP
+tools) runs this process instead of its servers. It speaks MCP to the client over stdio
+and connects to each configured upstream server (a command over stdio, or a Streamable
+HTTP URL); it lists their tools as its own — ``server__tool`` only where two servers offer
+the same name — and passes every ``tools/call`` through the console's guard with
+:mod:`guard.remote`. One gateway process is one attached task on the console, owned by the
+token it runs with (``LOOPGUARD_URL``, ``LOOPGUARD_TOKEN``), named after the client that
+drives it.
+
+What a call comes to:
+
+- **Effects from the tools' own annotations.** ``readOnlyHint: true`` is a read; anything
+  else is a write (a tool that says nothing may change things). The configuration may say
+  otherwise for a tool (``"effect"``).
+- **A write needs an operation key**, named from its arguments by the configuration
+  (``"key": "refund-{order}"``: which arguments name the business action, never the
+  client's request id). A write without one is answered with a tool error before it
+  reaches the server, and start-up prints which tools lack one.
+- **Every call asks the guard first** (one model call and one tool call of the task each:
+  MCP shows no model calls): repeats, short cycles and no progress (a never-seen result
+  counts as exploration), the request and execution budgets and the deadline. A
+  ``COMMITTED`` write asked again is answered from the ledger without reaching the server.
+- **A lost answer** (the server timed out, exited mid-call — JSON-RPC -32000 —, or the
+  connection dropped) leaves a write ``UNKNOWN`` for the reconciliation queue, and the task
+  ``NEEDS_HUMAN``; it is never sent again.
+- **A stop** (an operator's Stop, a budget, a repeat) answers that call and every later
+  one with a tool error (``isError: true``) that says the task is stopped and why, in words
+  that do not invite a retry.
+- **Approval** (``"approval": true``) is not offered to attached tasks by protocol 1
+  (docs/protocol.md, "What it does not cover"): such a call is never run, and is answered
+  with a tool error saying a person's approval is needed and cannot be asked for here.
+- A tool error the server itself returns (``isError: true``) is a ``RETRYABLE`` result for
+  a read (the model may correct itself, within the repeat limit) and a ``FATAL`` one for a
+  write (the task stops: whether part of it took effect is for a person to see).
+
+What it cannot see: the client's model calls, tokens and spend never cross MCP, so only
+the request, execution, repeat, cycle, no-progress and deadline budgets apply; the model
+call budget counts one per tool call.
+
+The configuration (JSON, or TOML by its ``.toml`` suffix)::
+
+    {
+      "agent": "desktop-assistant",
+      "servers": {
+        "shop": {"command": "python", "args": ["shop_server.py"], "env": {"SHOP_DB": "shop.db"}},
+        "crm": {"url": "http://127.0.0.1:8001/mcp"}
+      },
+      "tools": {
+        "send_refund": {"key": "refund-{order}"},
+        "close_account": {"key": "close-{account}", "approval": true}
+      },
+      "limits": {"requests": 200, "executions": 150},
+      "timeout_seconds": 30
+    }
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import string
+import sys
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+from mcp import Client, StdioServerParameters
+from mcp.server import Server
+from mcp.server.stdio import stdio_server
+
+from .. import Call, Kind, Nudge, Report, Result
+from ..remote import ConsoleUnreachable, ProtocolError, RemoteGuard
+from ..steps import Action, Effect, Next, Sequencer, Ticket
+
+__all__ = ["ConfigError", "Gateway", "GatewayConfig", "ToolRule", "Upstream", "main"]
+
+log = logging.getLogger(__name__)
+
+GATEWAY = "loopguard-mcp-gateway/1"
+"""What the gateway calls itself: to its clients, and in the task's ``client`` field."""
+
+SEPARATOR = "__"
+"""Between a server's name and its tool's, for a name two servers share."""
+
+_FIELD = string.Formatter()
+_MAX_PAGES = 100  # a server whose tools/list never ends cannot hang the start-up
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says what to change."""
+
+
+# -- the configuration -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """One tool server: a ``command`` (with ``args``, ``env``, ``cwd``) run over stdio, or a
+    Streamable HTTP ``url``."""
+
+    name: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+
+    def target(self) -> StdioServerParameters | str:
+        """What :class:`mcp.Client` connects to."""
+        if self.url is not None:
+            return self.url
+        assert self.command is not None  # noqa: S101 - load() allows nothing else
+        return StdioServerParameters(
+            command=self.command, args=list(self.args), env=dict(self.env) or None, cwd=self.cwd
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRule:
+    """What the configuration says of one tool: its operation ``key`` (a template naming
+    the arguments of the business action, ``"refund-{order}"``), an ``effect`` that
+    overrides its annotations, and whether it needs a person's ``approval``."""
+
+    key: str | None = None
+    effect: Effect | None = None
+    approval: bool = False
+
+    def operation_key(self, tool: str, args: Mapping[str, Any]) -> tuple[str | None, str]:
+        """The key of this call's business action, or ``None`` and why there is none."""
+        if self.key is None:
+            return None, f"no operation key is configured for {tool}"
+        parts: list[str] = []
+        for literal, name, _, _ in _FIELD.parse(self.key):
+            parts.append(literal)
+            if name is None:
+                continue
+            if name not in args:
+                return None, f"{tool} needs the argument {name!r} to name its operation"
+            value = args[name]
+            if isinstance(value, bool) or not isinstance(value, str | int | float):
+                return None, f"the argument {name!r} of {tool} is not text or a number"
+            if isinstance(value, str) and not value.strip():
+                return None, f"the argument {name!r} of {tool} is empty"
+            parts.append(str(value))
+        return "".join(parts), ""
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """The gateway's configuration: the task's ``agent`` name, the upstream ``servers``,
+    the per-tool ``tools`` rules (by the name the client sees, ``server__tool`` where
+    namespaced), the guard's ``limits`` (the console's defaults fill the rest) and the
+    seconds an upstream call may take before its answer counts as lost."""
+
+    servers: tuple[Upstream, ...]
+    agent: str = "mcp-gateway"
+    tools: Mapping[str, ToolRule] = field(default_factory=dict)
+    limits: Mapping[str, Any] = field(default_factory=dict)
+    timeout_seconds: float = 60.0
+
+    @classmethod
+    def load(cls, path: Path) -> GatewayConfig:
+        """Read and check a configuration file (TOML by its ``.toml`` suffix, else JSON)."""
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+        try:
+            raw = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        except ValueError as exc:
+            kind = path.suffix.lstrip(".") or "JSON"
+            raise ConfigError(f"{path}: not valid {kind}: {exc}") from exc
+        return cls.parse(raw, where=str(path))
+
+    @classmethod
+    def parse(cls, raw: Any, *, where: str = "the configuration") -> GatewayConfig:
+        """Check a configuration already read; every problem is a :exc:`ConfigError`."""
+        top = _object(raw, where, {"agent", "servers", "tools", "limits", "timeout_seconds"})
+        servers_raw = _object(top.get("servers"), f"{where}: servers", None)
+        if not servers_raw:
+            raise ConfigError(f"{where}: servers names no upstream server")
+        servers = tuple(_upstream(name, value, where) for name, value in servers_raw.items())
+        tools_raw = _object(top.get("tools", {}), f"{where}: tools", None)
+        tools = {name: _rule(name, value, where) for name, value in tools_raw.items()}
+        agent = top.get("agent", "mcp-gateway")
+        if not isinstance(agent, str) or not agent:
+            raise ConfigError(f"{where}: agent must be a name (text)")
+        limits = _object(top.get("limits", {}), f"{where}: limits", None)
+        timeout = top.get("timeout_seconds", 60.0)
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
+            raise ConfigError(f"{where}: timeout_seconds must be a positive number")
+        return cls(servers, agent, tools, dict(limits), float(timeout))
+
+
+def _object(value: Any, where: str, allowed: set[str] | None) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be an object")
+    if allowed is not None and (unknown := sorted(set(value) - allowed)):
+        raise ConfigError(f"{where}: unknown field {unknown[0]!r} (known: {sorted(allowed)})")
+    return value
+
+
+def _upstream(name: str, value: Any, where: str) -> Upstream:
+    here = f"{where}: servers.{name}"
+    if not name or SEPARATOR in name:
+        raise ConfigError(f"{here}: a server's name is not empty and has no {SEPARATOR!r}")
+    entry = _object(value, here, {"command", "args", "env", "cwd", "url"})
+    if ("command" in entry) == ("url" in entry):
+        raise ConfigError(f"{here}: give either command (stdio) or url (Streamable HTTP)")
+    if "url" in entry:
+        url = entry["url"]
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"{here}: url must be an http:// or https:// address")
+        if set(entry) != {"url"}:
+            raise ConfigError(f"{here}: args, env and cwd are for a command, not a url")
+        return Upstream(name, url=url)
+    command, args, env = entry["command"], entry.get("args", []), entry.get("env", {})
+    if not isinstance(command, str) or not command:
+        raise ConfigError(f"{here}: command must be text")
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ConfigError(f"{here}: args must be a list of text")
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise ConfigError(f"{here}: env must map names to text")
+    cwd = entry.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise ConfigError(f"{here}: cwd must be a folder's path")
+    return Upstream(name, command=command, args=tuple(args), env=dict(env), cwd=cwd)
+
+
+def _rule(name: str, value: Any, where: str) -> ToolRule:
+    here = f"{where}: tools.{name}"
+    entry = _object(value, here, {"key", "effect", "approval"})
+    key, effect, approval = entry.get("key"), entry.get("effect"), entry.get("approval", False)
+    if key is not None:
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"{here}: key must be a template such as \"refund-{{order}}\"")
+        try:
+            fields = [(n, spec, conv) for _, n, spec, conv in _FIELD.parse(key) if n is not None]
+        except ValueError as exc:
+            raise ConfigError(f"{here}: key {key!r} is not a template: {exc}") from exc
+        if not fields:
+            raise ConfigError(
+                f"{here}: key {key!r} names no argument; a key without one would name every "
+                "call of the tool as the same business action"
+            )
+        for arg, spec, conversion in fields:
+            if not arg.isidentifier() or spec or conversion:
+                raise ConfigError(f"{here}: key {key!r}: {{{arg}}} must name an argument only")
+    if effect not in (None, "read", "write"):
+        raise ConfigError(f"{here}: effect must be \"read\" or \"write\"")
+    if effect == "read" and key is not None:
+        raise ConfigError(f"{here}: only a write has an operation key")
+    if not isinstance(approval, bool):
+        raise ConfigError(f"{here}: approval must be true or false")
+    return ToolRule(key, effect, approval)
+
+
+# -- the gateway -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A tool as the client sees it (``name``) and where it goes."""
+
+    name: str
+    server: str
+    tool: types.Tool
+    effect: Effect
+    rule: ToolRule
+
+
+class Gateway:
+    """One gateway process: its upstream clients, its tools and its one attached task.
+
+    ``start_guard`` makes the task's guard (by default :meth:`RemoteGuard.start` on
+    ``url`` with ``token``); the task starts at the first ``tools/call``, when the client's
+    name is known. Calls are answered one at a time: one task's steps have one order."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        url: str,
+        token: str,
+        start_guard: Callable[..., RemoteGuard] | None = None,
+    ) -> None:
+        self.config = config
+        self._url, self._token = url, token
+        self._start_guard = start_guard or RemoteGuard.start
+        self._clients: dict[str, Client] = {}
+        self.routes: dict[str, Route] = {}
+        self.guard: RemoteGuard | None = None
+        self._seq: Sequencer | None = None
+        self._lock = anyio.Lock()
+
+    # -- start-up ----------------------------------------------------------------------------
+
+    async def connect(self, stack: AsyncExitStack) -> None:
+        """Connect to every upstream server (kept open on ``stack``) and list its tools."""
+        offered: list[tuple[str, types.Tool]] = []
+        for upstream in self.config.servers:
+            client = Client(upstream.target(), read_timeout_seconds=self.config.timeout_seconds)
+            try:
+                await stack.enter_async_context(client)
+                tools = await _all_tools(client)
+            except Exception as exc:
+                raise ConfigError(f"server {upstream.name!r} could not be reached: {exc}") from exc
+            self._clients[upstream.name] = client
+            offered += [(upstream.name, tool) for tool in tools]
+        counts: dict[str, int] = {}
+        for _, tool in offered:
+            counts[tool.name] = counts.get(tool.name, 0) + 1
+        for server, tool in offered:
+            name = tool.name if counts[tool.name] == 1 else f"{server}{SEPARATOR}{tool.name}"
+            rule = self.config.tools.get(name, ToolRule())
+            hints = tool.annotations
+            effect: Effect = rule.effect or (
+                "read" if hints is not None and hints.read_only_hint is True else "write"
+            )
+            self.routes[name] = Route(name, server, tool, effect, rule)
+
+    def problems(self) -> list[str]:
+        """What start-up says: each write without an operation key, each tool held for
+        approval, each rule naming no tool."""
+        said = []
+        for route in self.routes.values():
+            if route.effect == "write" and route.rule.key is None:
+                said.append(
+                    f"{route.name} ({route.server}) is a write without an operation key: its "
+                    f'calls will be refused; configure "tools": {{"{route.name}": {{"key": '
+                    '"...{argument}..."}}, or "effect": "read" if it changes nothing'
+                )
+            if route.rule.approval:
+                said.append(
+                    f"{route.name} needs approval, which the console's protocol 1 does not "
+                    "offer to attached tasks: its calls will be refused"
+                )
+        for name in sorted(set(self.config.tools) - set(self.routes)):
+            said.append(f"tools.{name} names no tool of any server (known: {sorted(self.routes)})")
+        return said
+
+    def effects(self) -> dict[str, Effect]:
+        """Every tool the task may call, name -> effect, as the console's start takes it."""
+        return {name: route.effect for name, route in self.routes.items()}
+
+    # -- the MCP handlers ----------------------------------------------------------------------
+
+    async def list_tools(
+        self, ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        """``tools/list``: every upstream tool, under the name the client calls it by.
+
+        Without its output schema: a write answered from the ledger may carry what a
+        reconciler found rather than the server's own structured answer, and a client that
+        holds results to the schema would refuse that answer."""
+        listed = [
+            route.tool.model_copy(update={"name": name, "output_schema": None})
+            for name, route in self.routes.items()
+        ]
+        return types.ListToolsResult(tools=listed)
+
+    async def call_tool(
+        self, ctx: Any, params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        """``tools/call``: asked of the guard, then run, answered from the ledger, or refused."""
+        async with self._lock:
+            return await self._call(ctx, params.name, dict(params.arguments or {}))
+
+    async def _call(self, ctx: Any, name: str, args: dict[str, Any]) -> types.CallToolResult:
+        route = self.routes.get(name)
+        if route is None:
+            known = ", ".join(sorted(self.routes))
+            return _error(f"there is no tool named {name!r} here; the tools are: {known}")
+        key: str | None = None
+        if route.effect == "write":
+            key, why = route.rule.operation_key(name, args)
+            if key is None:
+                return _error(
+                    f"not run: {why}, and a call that changes things runs only under a key "
+                    "that names its business action (so that it never happens twice). "
+                    + ("Give that argument." if route.rule.key else "A person must configure one.")
+                )
+        if route.rule.approval:
+            return _error(
+                f"not run: {name} needs a person's approval, and this gateway cannot ask for "
+                "one; do not ask for it again: ask the user to do it themselves."
+            )
+        try:
+            seq = await self._sequencer(ctx)
+            return await self._guarded(seq, route, Call(name, args, route.effect, key))
+        except (ConsoleUnreachable, ProtocolError) as exc:
+            log.warning("the console could not be asked about %s: %s", name, exc)
+            return _error(f"not run: the LoopGuard console could not be asked ({exc}).")
+
+    async def _sequencer(self, ctx: Any) -> Sequencer:
+        """The task's step order, its task started on the console at the first call."""
+        if self._seq is None:
+            client = _client_of(ctx)
+            guard = await _blocking(
+                lambda: self._start_guard(
+                    self._url,
+                    token=self._token,
+                    agent=self.config.agent,
+                    tools=self.effects(),
+                    client=f"{client} via {GATEWAY}",
+                    input={"mcp_client": client, "servers": [s.name for s in self.config.servers]},
+                    limits=dict(self.config.limits) or None,
+                    reason="an MCP client's session through the gateway",
+                )
+            )
+            self.guard, self._seq = guard, Sequencer(guard, inspect=None)
+        return self._seq
+
+    async def _guarded(self, seq: Sequencer, route: Route, call: Call) -> types.CallToolResult:
+        """One call's steps: the wait its predecessor asked for, the model call (MCP shows
+        none: one per tool call), the call admitted and entered in one request, then run
+        upstream and reported — or the ledger's result, or the stop."""
+        if seq.next().next is Next.WAIT:
+            pause = await _blocking(seq.pause)
+            if isinstance(pause, Report):
+                return _stopped(pause)
+            if pause > 0:
+                await anyio.sleep(pause / 1000.0)
+        if (stop := await _blocking(seq.model)) is not None:
+            return _stopped(stop)
+        admitted = await _blocking(lambda: seq.proposed(call, enter=True))
+        if isinstance(admitted, Report):
+            return _stopped(admitted)
+        if isinstance(admitted, Nudge):
+            return _error(admitted.message)
+        ticket = admitted[0]
+        decision = await _blocking(lambda: seq.enter(ticket))
+        if decision.action is Action.STOP:
+            return _stopped(decision.report or _report_of(seq))
+        if decision.action is Action.REUSE:
+            return _replayed(decision.result)
+        return await self._run(seq, route, ticket)
+
+    async def _run(self, seq: Sequencer, route: Route, ticket: Ticket) -> types.CallToolResult:
+        """Send the allowed call upstream once, and report what came back (or that the
+        answer was lost: then a write is ``UNKNOWN``, and it is never sent again)."""
+        client = self._clients[route.server]
+        try:
+            answer = await client.call_tool(route.tool.name, dict(ticket.call.args))
+        except Exception as exc:
+            await _blocking(partial(seq.raised, ticket, exc))
+            lost = f"the answer of {route.name} was lost ({_describe(exc)})"
+            if route.effect == "write":
+                return _error(
+                    f"{lost}: whether it took effect is unknown, so it will not be run again; "
+                    "a person will check it. Do not ask for it again."
+                )
+            return _error(f"{lost}; the task is stopped.")
+        except BaseException as exc:  # cancelled while it ran: its outcome is lost too
+            with anyio.CancelScope(shield=True):
+                await _blocking(partial(seq.interrupted, ticket, exc))
+            raise
+        await _blocking(lambda: seq.returned(ticket, _result_of(answer, route.effect)))
+        return answer
+
+    def close(self) -> Report | None:
+        """The client went away: end the task (``PARTIAL``/``goal_unverified`` unless it
+        stopped before: MCP carries no final answer to verify) and stop its heartbeat."""
+        if self._seq is None or self.guard is None:
+            return None
+        try:
+            return self._seq.end()
+        except (ConsoleUnreachable, ProtocolError) as exc:
+            log.warning("the task's end could not be told to the console: %s", exc)
+            return None
+        finally:
+            self.guard.close()
+
+
+# -- the MCP values ------------------------------------------------------------------------
+
+
+async def _all_tools(client: Client) -> list[types.Tool]:
+    tools: list[types.Tool] = []
+    cursor: str | None = None
+    for _ in range(_MAX_PAGES):
+        page = await client.list_tools(cursor=cursor)
+        tools += page.tools
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    return tools
+
+
+def _result_of(answer: types.CallToolResult, effect: Effect) -> Result:
+    """The guard's result for an upstream answer; its data is the answer itself, so that
+    a reuse hands the client what the execution gave it."""
+    data = answer.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if not answer.is_error:
+        return Result(Kind.SUCCESS, data)
+    if effect == "read":
+        return Result(Kind.RETRYABLE, data, wait_ms=1)  # the model may correct the call
+    return Result(Kind.FATAL, data)
+
+
+def _replayed(result: Result | None) -> types.CallToolResult:
+    """A committed write's stored answer, as the server first gave it."""
+    data = result.data if result is not None else None
+    if isinstance(data, dict):
+        try:
+            return types.CallToolResult.model_validate(data)
+        except ValueError:
+            pass
+    text = json.dumps(data, ensure_ascii=False, default=repr)
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+
+
+def stop_text(report: Report) -> str:
+    """What a refused call tells the model: the task is stopped, why, and that nothing more
+    will run. It never invites a retry (a write whose outcome is uncertain must not be asked
+    for again before a person has settled it)."""
+    why = f"{report.state}/{report.reason}"
+    if report.detail:
+        why += f": {report.detail}"
+    return (
+        f"not run: the task is stopped ({why}). No tool will run any more in this task, so "
+        "do not ask for this or any other call again; tell the user the task was stopped."
+    )
+
+
+def _stopped(report: Report) -> types.CallToolResult:
+    return _error(stop_text(report))
+
+
+def _error(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+
+
+def _report_of(seq: Sequencer) -> Report:
+    report = seq.report
+    if report is None:  # pragma: no cover - a STOP decision always comes with its report
+        raise RuntimeError("the guard refused a call without a stop report")
+    return report
+
+
+def _client_of(ctx: Any) -> str:
+    """The MCP client's name and version, as it gave them (``an MCP client`` if not)."""
+    params = getattr(getattr(ctx, "session", None), "client_params", None)
+    info = getattr(params, "client_info", None)
+    if info is None:
+        return "an MCP client"
+    version = f"/{info.version}" if getattr(info, "version", "") else ""
+    return f"{info.name}{version}"[:150]
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
+async def _blocking[T](step: Callable[[], T]) -> T:
+    """A guard step (blocking HTTP to the console) off the event loop."""
+    return await anyio.to_thread.run_sync(step)
+
+
+# -- the process ---------------------------------------------------------------------------
+
+
+async def serve(
+    config: GatewayConfig,
+    *,
+    url: str,
+    token: str,
+    err: TextIO = sys.stderr,
+    streams: Callable[[], Any] = stdio_server,
+) -> Report | None:
+    """Connect to the upstream servers, then serve one MCP client over stdio until it goes;
+    the task's report (``None`` if the client never called a tool)."""
+    async with AsyncExitStack() as stack:
+        gateway = Gateway(config, url=url, token=token)
+        await gateway.connect(stack)
+        print(f"{GATEWAY}: {len(gateway.routes)} tools from {len(config.servers)} servers: "
+              f"{', '.join(f'{n} ({r.effect})' for n, r in gateway.routes.items())}",
+              file=err, flush=True)  # fmt: skip
+        for line in gateway.problems():
+            print(f"{GATEWAY}: {line}", file=err, flush=True)
+        server: Server[Any] = Server(
+            "loopguard-mcp-gateway",
+            version="1",
+            instructions="Tools behind LoopGuard: a refused call says why; do not repeat it.",
+            on_list_tools=gateway.list_tools,
+            on_call_tool=gateway.call_tool,
+        )
+        try:
+            async with streams() as (read, write):
+                await server.run(read, write, server.create_initialization_options())
+        finally:
+            report = await _blocking(gateway.close)
+    return report
+
+
+def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] = os.environ) -> int:
+    """``python -m guard.contrib.mcp --config FILE``: the gateway over stdio."""
+    parser = argparse.ArgumentParser(
+        prog="python -m guard.contrib.mcp",
+        description="An MCP gateway: serves an MCP client over stdio, passing every tool "
+        "call to the configured servers through the LoopGuard console's guard "
+        "(LOOPGUARD_URL, LOOPGUARD_TOKEN: a token of a person with the agent role).",
+    )
+    parser.add_argument("--config", type=Path, required=True, help="a JSON or TOML file")
+    options = parser.parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)  # stdout is the MCP wire
+    url, token = environ.get("LOOPGUARD_URL", ""), environ.get("LOOPGUARD_TOKEN", "")
+    if not url or not token:
+        print(f"{GATEWAY}: set LOOPGUARD_URL (the console) and LOOPGUARD_TOKEN (an API token "
+              "of a person with the agent role)", file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        config = GatewayConfig.load(options.config)
+        anyio.run(lambda: serve(config, url=url, token=token))
+    except ConfigError as exc:
+        print(f"{GATEWAY}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
