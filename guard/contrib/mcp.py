@@ -81,7 +81,7 @@ from mcp import Client, StdioServerParameters
 from mcp.server import Server
 from mcp.server.stdio import stdio_server
 
-from .. import Call, Kind, Nudge, Report, Result
+from .. import Call, Kind, Nudge, Report, Result, State
 from ..remote import ConsoleUnreachable, ProtocolError, RemoteGuard
 from ..steps import Action, Effect, Next, Sequencer, Ticket
 
@@ -291,8 +291,10 @@ class Gateway:
     """One gateway process: its upstream clients, its tools and its one attached task.
 
     ``start_guard`` makes the task's guard (by default :meth:`RemoteGuard.start` on
-    ``url`` with ``token``); the task starts at the first ``tools/call``, when the client's
-    name is known. Calls are answered one at a time: one task's steps have one order."""
+    ``url`` with ``token``; ``attach_guard``, :meth:`RemoteGuard.attach`, takes it again
+    after an approved resumption); the task starts at the first ``tools/call``, when the
+    client's name is known. Calls are answered one at a time: one task's steps have one
+    order."""
 
     def __init__(
         self,
@@ -301,10 +303,12 @@ class Gateway:
         url: str,
         token: str,
         start_guard: Callable[..., RemoteGuard] | None = None,
+        attach_guard: Callable[..., RemoteGuard] | None = None,
     ) -> None:
         self.config = config
         self._url, self._token = url, token
         self._start_guard = start_guard or RemoteGuard.start
+        self._attach_guard = attach_guard or RemoteGuard.attach
         self._clients: dict[str, Client] = {}
         self.routes: dict[str, Route] = {}
         self.guard: RemoteGuard | None = None
@@ -411,7 +415,10 @@ class Gateway:
             return _error(f"not run: the LoopGuard console could not be asked ({exc}).")
 
     async def _sequencer(self, ctx: Any) -> Sequencer:
-        """The task's step order, its task started on the console at the first call."""
+        """The task's step order, its task started on the console at the first call (and
+        taken again after a person approved its resumption)."""
+        if self.guard is not None and self.guard.report is not None:
+            await _blocking(self._come_back)
         if self._seq is None:
             client = _client_of(ctx)
             guard = await _blocking(
@@ -428,6 +435,27 @@ class Gateway:
             )
             self.guard, self._seq = guard, Sequencer(guard, inspect=None)
         return self._seq
+
+    def _come_back(self) -> None:
+        """A stopped task may have been resumed by a person since (a new phase, its budgets
+        carried over): if so, drive it again from here with a new lease. Asked at a call
+        after the stop, so a task that stays stopped costs one heartbeat per refused call."""
+        stopped = self.guard
+        if stopped is None:
+            return
+        report = stopped.report
+        if report is not None and report.state == State.COMPLETED:
+            return  # never resumed
+        try:
+            again = self._attach_guard(self._url, token=self._token, task=stopped.task, wait=5.0)
+        except (ConsoleUnreachable, ProtocolError) as exc:
+            log.info("task %s: not taken again (%s)", stopped.task, exc)
+            return
+        if again.report is not None:
+            again.close()  # still stopped: the old report stands
+            return
+        stopped.close()
+        self.guard, self._seq = again, Sequencer(again, inspect=None)
 
     async def _guarded(self, seq: Sequencer, route: Route, call: Call) -> types.CallToolResult:
         """One call's steps: the wait its predecessor asked for, the model call (MCP shows

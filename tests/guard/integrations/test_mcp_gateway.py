@@ -241,6 +241,37 @@ def test_a_server_killed_mid_write_leaves_it_unknown_and_it_is_never_sent_again(
 
 @live
 @pytest.mark.slow
+def test_a_resumed_task_goes_on_in_the_same_session_and_the_settled_write_is_not_resent(
+    gateway: Gateway, db: Path, person: User
+) -> None:
+    config = {"servers": {"shop": stdio_shop(db)}, "tools": KEYS}
+    Path(f"{db}.crash").touch()
+
+    async def scenario(client: Client) -> list[types.CallToolResult]:
+        lost = await client.call_tool("send_refund", {"order": 6})  # the shop dies here
+
+        def settle_and_resume() -> None:
+            services.operation_mark_committed(
+                key="refund-6", actor=person, evidence="found in the shop", result="refunded"
+            )
+            task = Task.objects.get()
+            services.task_approve_resumption(
+                task_id=task.id, actor=person, reason="refund checked", enqueue=lambda _: None
+            )
+
+        await anyio.to_thread.run_sync(settle_and_resume)
+        return [lost, await client.call_tool("send_refund", {"order": 6})]
+
+    lost, reused = gateway.session(config, scenario)
+    assert lost.is_error and "unknown" in text(lost)
+    assert not reused.is_error and "refunded" in text(reused)  # from the ledger
+    assert effects(db, "refund") == [6]  # the shop (dead meanwhile) was not asked again
+    task = Task.objects.get()
+    assert task.phase == 2
+
+
+@live
+@pytest.mark.slow
 def test_stop_from_the_console_refuses_the_next_call(
     gateway: Gateway, db: Path, person: User
 ) -> None:
