@@ -489,7 +489,7 @@ class Gateway:
         try:
             answer = await client.call_tool(route.tool.name, dict(ticket.call.args))
         except Exception as exc:
-            await _blocking(partial(seq.raised, ticket, exc))
+            await _told(partial(seq.raised, ticket, exc))
             lost = f"the answer of {route.name} was lost ({_describe(exc)})"
             if route.effect == "write":
                 return _error(
@@ -501,7 +501,7 @@ class Gateway:
             with anyio.CancelScope(shield=True):
                 await _blocking(partial(seq.interrupted, ticket, exc))
             raise
-        await _blocking(lambda: seq.returned(ticket, _result_of(answer, route.effect)))
+        await _told(lambda: seq.returned(ticket, _result_of(answer, route.effect)))
         return answer
 
     def close(self) -> Report | None:
@@ -597,6 +597,17 @@ def _client_of(ctx: Any) -> str:
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
+async def _told(step: Callable[[], object]) -> None:
+    """Report what a call that ran came to. The call ran whatever the console says now, so
+    a console that cannot be told does not turn its answer into "not run": the next call
+    meets the unreported step instead (refused: nothing more runs), and a write left
+    ``IN_FLIGHT`` becomes ``UNKNOWN`` for a person when the lease runs out."""
+    try:
+        await _blocking(step)
+    except (ConsoleUnreachable, ProtocolError) as exc:
+        log.warning("a call ran, and the console could not be told what it came to: %s", exc)
 
 
 async def _blocking[T](step: Callable[[], T]) -> T:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -308,7 +309,7 @@ def test_a_streamable_http_server_beside_a_stdio_one_namespaces_shared_names(
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(lambda: _listening(port), timeout=20, what="the HTTP shop listening")
+        wait_for(lambda: listening(port), timeout=20, what="the HTTP shop listening")
         config = {
             "servers": {"shop": stdio_shop(db), "remote": {"url": f"http://127.0.0.1:{port}/mcp"}},
             "tools": {"remote__send_refund": {"key": "remote-refund-{order}"}},
@@ -345,9 +346,8 @@ def test_a_tool_that_needs_approval_never_runs(gateway: Gateway, db: Path) -> No
     assert "send_refund needs approval" in gateway.said()
 
 
-def _listening(port: int) -> bool:
-    import socket
-
+def listening(port: int) -> bool:
+    """Whether something accepts connections on ``port`` of this machine."""
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
