@@ -34,7 +34,8 @@ What a call comes to:
   with a tool error saying a person's approval is needed and cannot be asked for here.
 - A tool error the server itself returns (``isError: true``) is a ``RETRYABLE`` result for
   a read (the model may correct itself, within the repeat limit) and a ``FATAL`` one for a
-  write (the task stops: whether part of it took effect is for a person to see).
+  write: nothing verifies that it did not take effect, so the write is ``UNKNOWN`` for a
+  reconciler and the task stops ``NEEDS_HUMAN``/``unknown_commit``.
 
 What it cannot see: the client's model calls, tokens and spend never cross MCP, so only
 the request, execution, repeat, cycle, no-progress and deadline budgets apply; the model
@@ -77,7 +78,7 @@ from typing import Any, TextIO
 import anyio
 import anyio.to_thread
 import mcp_types as types
-from mcp import Client, StdioServerParameters
+from mcp import Client, MCPError, StdioServerParameters
 from mcp.server import Server
 from mcp.server.stdio import stdio_server
 
@@ -310,6 +311,11 @@ class Gateway:
         self._start_guard = start_guard or RemoteGuard.start
         self._attach_guard = attach_guard or RemoteGuard.attach
         self._clients: dict[str, Client] = {}
+        # Servers whose connection closed (JSON-RPC -32000): what happened, by server.
+        # Nothing more can be sent to one: a read is refused before the guard; a write
+        # still asks it (the ledger may answer it without the server), and one it lets run
+        # is reported as not sent.
+        self._gone: dict[str, str] = {}
         self.routes: dict[str, Route] = {}
         self.guard: RemoteGuard | None = None
         self._seq: Sequencer | None = None
@@ -402,6 +408,16 @@ class Gateway:
                     "that names its business action (so that it never happens twice). "
                     + ("Give that argument." if route.rule.key else "A person must configure one.")
                 )
+        if route.effect == "read" and (gone := self._gone.get(route.server)) is not None:
+            return _error(
+                f"not run: the server {route.server!r} closed its connection earlier ({gone}); "
+                "nothing was sent to it. Restart the MCP client to connect to it again."
+            )
+        if route.effect == "read" and (gone := self._gone.get(route.server)) is not None:
+            return _error(
+                f"not run: the server {route.server!r} closed its connection earlier ({gone}); "
+                "nothing was sent to it. Restart the MCP client to connect to it again."
+            )
         if route.rule.approval:
             return _error(
                 f"not run: {name} needs a person's approval, and this gateway cannot ask for "
@@ -486,9 +502,20 @@ class Gateway:
         """Send the allowed call upstream once, and report what came back (or that the
         answer was lost: then a write is ``UNKNOWN``, and it is never sent again)."""
         client = self._clients[route.server]
+        if (gone := self._gone.get(route.server)) is not None:
+            # Claimed, and surely not sent; protocol 1 has no word for "verified not sent",
+            # so the write waits for a reconciler as UNKNOWN (who marks it not committed).
+            why = f"the server {route.server!r} closed its connection earlier ({gone})"
+            await _told(partial(seq.raised, ticket, ConnectionError(f"not sent: {why}")))
+            return _error(
+                f"not run: {why}, so this call was not sent. A person will confirm that "
+                "before it may run again; do not ask for it again."
+            )
         try:
             answer = await client.call_tool(route.tool.name, dict(ticket.call.args))
         except Exception as exc:
+            if isinstance(exc, MCPError) and exc.code == types.CONNECTION_CLOSED:
+                self._gone[route.server] = _describe(exc)
             await _told(partial(seq.raised, ticket, exc))
             lost = f"the answer of {route.name} was lost ({_describe(exc)})"
             if route.effect == "write":

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 
 DB = Path(os.environ["SHOP_DB"])
@@ -33,6 +34,8 @@ def _record(kind: str, order: int) -> None:
 @shop.tool(annotations=ToolAnnotations(read_only_hint=True))
 def find_order(order: int) -> str:
     """Look an order up."""
+    if order < 0:
+        raise ToolError(f"there is no order {order}")  # the server answers isError
     _record("lookup", order)
     return f"order {order}: delivered"
 
@@ -40,6 +43,8 @@ def find_order(order: int) -> str:
 @shop.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False))
 def send_refund(order: int, amount: int = 10) -> str:
     """Refund an order."""
+    if amount > 1000:
+        raise ToolError(f"a refund of {amount} is over the limit")  # refused, nothing done
     _record("refund", order)
     if Path(f"{DB}.crash").exists():
         os._exit(1)  # committed, and the answer never leaves

@@ -261,14 +261,24 @@ def test_a_resumed_task_goes_on_in_the_same_session_and_the_settled_write_is_not
             )
 
         await anyio.to_thread.run_sync(settle_and_resume)
-        return [lost, await client.call_tool("send_refund", {"order": 6})]
+        return [
+            lost,
+            await client.call_tool("send_refund", {"order": 6}),
+            await client.call_tool("send_refund", {"order": 7}),
+        ]
 
-    lost, reused = gateway.session(config, scenario)
+    lost, reused, gone = gateway.session(config, scenario)
     assert lost.is_error and "unknown" in text(lost)
     assert not reused.is_error and "refunded" in text(reused)  # from the ledger
     assert effects(db, "refund") == [6]  # the shop (dead meanwhile) was not asked again
+    # A new refund cannot reach the dead shop: not sent, and said so; the protocol has no
+    # word for "verified not sent", so a reconciler confirms it before it may run again.
+    assert gone.is_error and "closed its connection earlier" in text(gone)
+    assert "was not sent" in text(gone)
+    assert effects(db, "refund") == [6]
+    assert Operation.objects.get(key="refund-7").state == OperationState.UNKNOWN
     task = Task.objects.get()
-    assert task.phase == 2
+    assert (task.phase, task.state) == (2, TaskState.NEEDS_HUMAN)
 
 
 @live
@@ -293,6 +303,34 @@ def test_stop_from_the_console_refuses_the_next_call(
     assert "stopped by anna: the desk is closing" in text(refused)
     assert effects(db, "refund") == []
     assert Task.objects.get().state == TaskState.CANCELLED
+
+
+@live
+@pytest.mark.slow
+def test_a_servers_own_tool_error_lets_a_read_be_corrected_and_stops_at_a_write(
+    gateway: Gateway, db: Path
+) -> None:
+    config = {"servers": {"shop": stdio_shop(db)}, "tools": KEYS}
+
+    async def scenario(client: Client) -> list[types.CallToolResult]:
+        return [
+            await client.call_tool("find_order", {"order": -1}),
+            await client.call_tool("find_order", {"order": 1}),
+            await client.call_tool("send_refund", {"order": 1, "amount": 5000}),
+            await client.call_tool("find_order", {"order": 2}),
+        ]
+
+    wrong, corrected, refused, after = gateway.session(config, scenario)
+    assert wrong.is_error and "there is no order -1" in text(wrong)  # the server's own words
+    assert text(corrected) == "order 1: delivered"  # a read's error: the model may correct it
+    assert refused.is_error and "over the limit" in text(refused)
+    # A write's error stops the task: the server's word does not prove that nothing
+    # happened, so the refund waits for a reconciler.
+    assert after.is_error and "NEEDS_HUMAN/unknown_commit" in text(after)
+    assert effects(db, "lookup") == [1] and effects(db, "refund") == []
+    assert Operation.objects.get(key="refund-1").state == OperationState.UNKNOWN
+    task = Task.objects.get()
+    assert (task.state, task.reason) == (TaskState.NEEDS_HUMAN, "unknown_commit")
 
 
 @live
