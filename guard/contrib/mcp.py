@@ -67,6 +67,7 @@ import math
 import os
 import string
 import sys
+import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -78,6 +79,7 @@ from typing import Any, TextIO
 import anyio
 import anyio.to_thread
 import mcp_types as types
+import uvicorn
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.server import Server
 from mcp.server.stdio import stdio_server
@@ -163,14 +165,16 @@ class ToolRule:
 class GatewayConfig:
     """The gateway's configuration: the task's ``agent`` name, the upstream ``servers``,
     the per-tool ``tools`` rules (by the name the client sees, ``server__tool`` where
-    namespaced), the guard's ``limits`` (the console's defaults fill the rest) and the
-    seconds an upstream call may take before its answer counts as lost."""
+    namespaced), the guard's ``limits`` (the console's defaults fill the rest), the
+    seconds an upstream call may take before its answer counts as lost, and (over HTTP) the
+    seconds a session may go without a call before its task is ended."""
 
     servers: tuple[Upstream, ...]
     agent: str = "mcp-gateway"
     tools: Mapping[str, ToolRule] = field(default_factory=dict)
     limits: Mapping[str, Any] = field(default_factory=dict)
     timeout_seconds: float = 60.0
+    session_idle_seconds: float = 1800.0
 
     @classmethod
     def load(cls, path: Path) -> GatewayConfig:
@@ -189,7 +193,8 @@ class GatewayConfig:
     @classmethod
     def parse(cls, raw: Any, *, where: str = "the configuration") -> GatewayConfig:
         """Check a configuration already read; every problem is a :exc:`ConfigError`."""
-        top = _object(raw, where, {"agent", "servers", "tools", "limits", "timeout_seconds"})
+        known = {"agent", "servers", "tools", "limits", "timeout_seconds", "session_idle_seconds"}
+        top = _object(raw, where, known)
         servers_raw = _object(top.get("servers"), f"{where}: servers", None)
         if not servers_raw:
             raise ConfigError(f"{where}: servers names no upstream server")
@@ -200,15 +205,18 @@ class GatewayConfig:
         if not isinstance(agent, str) or not agent:
             raise ConfigError(f"{where}: agent must be a name (text)")
         limits = _object(top.get("limits", {}), f"{where}: limits", None)
-        timeout = top.get("timeout_seconds", 60.0)
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or not math.isfinite(timeout)
-            or timeout <= 0
-        ):
-            raise ConfigError(f"{where}: timeout_seconds must be a positive number")
-        return cls(servers, agent, tools, dict(limits), float(timeout))
+        timeout = _seconds(top, "timeout_seconds", 60.0, where)
+        idle = _seconds(top, "session_idle_seconds", 1800.0, where)
+        return cls(servers, agent, tools, dict(limits), timeout, idle)
+
+
+def _seconds(top: Mapping[str, Any], name: str, default: float, where: str) -> float:
+    value = top.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"{where}: {name} must be a positive number")
+    if value <= 0:
+        raise ConfigError(f"{where}: {name} must be a positive number")
+    return float(value)
 
 
 def _object(value: Any, where: str, allowed: set[str] | None) -> dict[str, Any]:
@@ -288,14 +296,27 @@ class Route:
     rule: ToolRule
 
 
-class Gateway:
-    """One gateway process: its upstream clients, its tools and its one attached task.
+class _Task:
+    """One attached task of the gateway: its guard, its order of steps, and the lock that
+    answers its calls one at a time (one task's steps have one order). Kept here, by
+    session, never on the SDK's session object, which is made anew for each request."""
 
-    ``start_guard`` makes the task's guard (by default :meth:`RemoteGuard.start` on
-    ``url`` with ``token``; ``attach_guard``, :meth:`RemoteGuard.attach`, takes it again
-    after an approved resumption); the task starts at the first ``tools/call``, when the
-    client's name is known. Calls are answered one at a time: one task's steps have one
-    order."""
+    def __init__(self) -> None:
+        self.guard: RemoteGuard | None = None
+        self.seq: Sequencer | None = None
+        self.lock = anyio.Lock()
+        self.used = time.monotonic()
+
+
+class Gateway:
+    """One gateway process: its upstream clients, its tools and its attached tasks — one
+    over stdio, one per MCP session over Streamable HTTP (clients without a session, of
+    the stateless protocol, share one).
+
+    ``start_guard`` makes a task's guard (by default :meth:`RemoteGuard.start` on ``url``
+    with ``token``; ``attach_guard``, :meth:`RemoteGuard.attach`, takes it again after an
+    approved resumption); a task starts at its session's first ``tools/call``, when the
+    client's name is known."""
 
     def __init__(
         self,
@@ -317,9 +338,7 @@ class Gateway:
         # is reported as not sent.
         self._gone: dict[str, str] = {}
         self.routes: dict[str, Route] = {}
-        self.guard: RemoteGuard | None = None
-        self._seq: Sequencer | None = None
-        self._lock = anyio.Lock()
+        self.tasks: dict[str | None, _Task] = {}  # by MCP session id (None: no session)
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -391,10 +410,17 @@ class Gateway:
         self, ctx: Any, params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         """``tools/call``: asked of the guard, then run, answered from the ledger, or refused."""
-        async with self._lock:
-            return await self._call(ctx, params.name, dict(params.arguments or {}))
+        task = self.tasks.setdefault(_session_id(ctx), _Task())
+        async with task.lock:
+            task.used = time.monotonic()
+            try:
+                return await self._call(task, ctx, params.name, dict(params.arguments or {}))
+            finally:
+                task.used = time.monotonic()
 
-    async def _call(self, ctx: Any, name: str, args: dict[str, Any]) -> types.CallToolResult:
+    async def _call(
+        self, task: _Task, ctx: Any, name: str, args: dict[str, Any]
+    ) -> types.CallToolResult:
         route = self.routes.get(name)
         if route is None:
             known = ", ".join(sorted(self.routes))
@@ -413,29 +439,24 @@ class Gateway:
                 f"not run: the server {route.server!r} closed its connection earlier ({gone}); "
                 "nothing was sent to it. Restart the MCP client to connect to it again."
             )
-        if route.effect == "read" and (gone := self._gone.get(route.server)) is not None:
-            return _error(
-                f"not run: the server {route.server!r} closed its connection earlier ({gone}); "
-                "nothing was sent to it. Restart the MCP client to connect to it again."
-            )
         if route.rule.approval:
             return _error(
                 f"not run: {name} needs a person's approval, and this gateway cannot ask for "
                 "one; do not ask for it again: ask the user to do it themselves."
             )
         try:
-            seq = await self._sequencer(ctx)
+            seq = await self._sequencer(task, ctx)
             return await self._guarded(seq, route, Call(name, args, route.effect, key))
         except (ConsoleUnreachable, ProtocolError) as exc:
             log.warning("the console could not be asked about %s: %s", name, exc)
             return _error(f"not run: the LoopGuard console could not be asked ({exc}).")
 
-    async def _sequencer(self, ctx: Any) -> Sequencer:
-        """The task's step order, its task started on the console at the first call (and
+    async def _sequencer(self, task: _Task, ctx: Any) -> Sequencer:
+        """The task's step order, the task started on the console at its first call (and
         taken again after a person approved its resumption)."""
-        if self.guard is not None and self.guard.report is not None:
-            await _blocking(self._come_back)
-        if self._seq is None:
+        if task.guard is not None and task.guard.report is not None:
+            await _blocking(partial(self._come_back, task))
+        if task.seq is None:
             client = _client_of(ctx)
             guard = await _blocking(
                 lambda: self._start_guard(
@@ -449,14 +470,14 @@ class Gateway:
                     reason="an MCP client's session through the gateway",
                 )
             )
-            self.guard, self._seq = guard, Sequencer(guard, inspect=None)
-        return self._seq
+            task.guard, task.seq = guard, Sequencer(guard, inspect=None)
+        return task.seq
 
-    def _come_back(self) -> None:
+    def _come_back(self, task: _Task) -> None:
         """A stopped task may have been resumed by a person since (a new phase, its budgets
         carried over): if so, drive it again from here with a new lease. Asked at a call
         after the stop, so a task that stays stopped costs one heartbeat per refused call."""
-        stopped = self.guard
+        stopped = task.guard
         if stopped is None:
             return
         report = stopped.report
@@ -471,7 +492,7 @@ class Gateway:
             again.close()  # still stopped: the old report stands
             return
         stopped.close()
-        self.guard, self._seq = again, Sequencer(again, inspect=None)
+        task.guard, task.seq = again, Sequencer(again, inspect=None)
 
     async def _guarded(self, seq: Sequencer, route: Route, call: Call) -> types.CallToolResult:
         """One call's steps: the wait its predecessor asked for, the model call (MCP shows
@@ -531,18 +552,34 @@ class Gateway:
         await _told(lambda: seq.returned(ticket, _result_of(answer, route.effect)))
         return answer
 
-    def close(self) -> Report | None:
-        """The client went away: end the task (``PARTIAL``/``goal_unverified`` unless it
+    def close(self) -> list[Report]:
+        """The gateway stops: end every task (below); their reports."""
+        reports = [self.end(key) for key in list(self.tasks)]
+        return [report for report in reports if report is not None]
+
+    def end(self, key: str | None) -> Report | None:
+        """A client went away: end its task (``PARTIAL``/``goal_unverified`` unless it
         stopped before: MCP carries no final answer to verify) and stop its heartbeat."""
-        if self._seq is None or self.guard is None:
+        task = self.tasks.pop(key, None)
+        if task is None or task.seq is None or task.guard is None:
             return None
         try:
-            return self._seq.end()
+            return task.seq.end()
         except (ConsoleUnreachable, ProtocolError) as exc:
-            log.warning("the task's end could not be told to the console: %s", exc)
+            log.warning("task %s: its end was not told to the console: %s", task.guard.task, exc)
             return None
         finally:
-            self.guard.close()
+            task.guard.close()
+
+    async def end_idle(self, idle_seconds: float, *, every: float = 5.0) -> None:
+        """Over HTTP no message says that a session is over: end the task of a session
+        without a call for ``idle_seconds`` (its heartbeat would keep it running for ever)."""
+        while True:
+            await anyio.sleep(every)
+            now = time.monotonic()
+            for key, task in list(self.tasks.items()):
+                if key is not None and not task.lock.locked() and now - task.used > idle_seconds:
+                    await _blocking(partial(self.end, key))
 
 
 # -- the MCP values ------------------------------------------------------------------------
@@ -611,6 +648,14 @@ def _report_of(seq: Sequencer) -> Report:
     return report
 
 
+def _session_id(ctx: Any) -> str | None:
+    """The MCP session a request belongs to (Streamable HTTP's ``Mcp-Session-Id``), or
+    ``None``: stdio, or a client of the stateless protocol, which has no session."""
+    headers = getattr(getattr(ctx, "request", None), "headers", None)
+    found = headers.get("mcp-session-id") if headers is not None else None
+    return found if isinstance(found, str) and found else None
+
+
 def _client_of(ctx: Any) -> str:
     """The MCP client's name and version, as it gave them (``an MCP client`` if not)."""
     params = getattr(getattr(ctx, "session", None), "client_params", None)
@@ -650,11 +695,12 @@ async def serve(
     *,
     url: str,
     token: str,
+    http: tuple[str, int] | None = None,
     err: TextIO = sys.stderr,
-    streams: Callable[[], Any] = stdio_server,
-) -> Report | None:
-    """Connect to the upstream servers, then serve one MCP client over stdio until it goes;
-    the task's report (``None`` if the client never called a tool)."""
+) -> list[Report]:
+    """Connect to the upstream servers, then serve MCP clients until they go (stdio: one
+    client; ``http``, a host and port: Streamable HTTP at ``/mcp`` until the process is
+    stopped); the reports of the tasks it ended."""
     async with AsyncExitStack() as stack:
         gateway = Gateway(config, url=url, token=token)
         await gateway.connect(stack)
@@ -671,22 +717,53 @@ async def serve(
             on_call_tool=gateway.call_tool,
         )
         try:
-            async with streams() as (read, write):
-                await server.run(read, write, server.create_initialization_options())
+            if http is None:
+                async with stdio_server() as (read, write):
+                    await server.run(read, write, server.create_initialization_options())
+            else:
+                await _serve_http(gateway, server, *http, err=err)
         finally:
-            report = await _blocking(gateway.close)
-    return report
+            reports = await _blocking(gateway.close)
+    return reports
+
+
+async def _serve_http(
+    gateway: Gateway, server: Server[Any], host: str, port: int, *, err: TextIO
+) -> None:
+    """Streamable HTTP at ``http://host:port/mcp`` (the SDK's app: a loopback host gets its
+    DNS-rebinding protection), each session's idle task ended after the configured time."""
+    app = server.streamable_http_app(host=host)
+    web = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    print(f"{GATEWAY}: serving http://{host}:{port}/mcp", file=err, flush=True)
+    async with anyio.create_task_group() as group:
+        group.start_soon(gateway.end_idle, gateway.config.session_idle_seconds)
+        await web.serve()  # until SIGINT or SIGTERM
+        group.cancel_scope.cancel()
+
+
+def _address(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT (127.0.0.1:8765, say)")
+    return host.strip("[]"), int(port)
 
 
 def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] = os.environ) -> int:
-    """``python -m guard.contrib.mcp --config FILE``: the gateway over stdio."""
+    """``python -m guard.contrib.mcp --config FILE [--http HOST:PORT]``: the gateway."""
     parser = argparse.ArgumentParser(
         prog="python -m guard.contrib.mcp",
-        description="An MCP gateway: serves an MCP client over stdio, passing every tool "
-        "call to the configured servers through the LoopGuard console's guard "
-        "(LOOPGUARD_URL, LOOPGUARD_TOKEN: a token of a person with the agent role).",
+        description="An MCP gateway: serves MCP clients (over stdio, or Streamable HTTP with "
+        "--http), passing every tool call to the configured servers through the LoopGuard "
+        "console's guard (LOOPGUARD_URL, LOOPGUARD_TOKEN: a token of a person with the agent "
+        "role).",
     )
     parser.add_argument("--config", type=Path, required=True, help="a JSON or TOML file")
+    parser.add_argument(
+        "--http",
+        type=_address,
+        metavar="HOST:PORT",
+        help="serve Streamable HTTP at http://HOST:PORT/mcp, a task per MCP session",
+    )
     options = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)  # stdout is the MCP wire
     url, token = environ.get("LOOPGUARD_URL", ""), environ.get("LOOPGUARD_TOKEN", "")
@@ -696,7 +773,7 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] = os.e
         return 2
     try:
         config = GatewayConfig.load(options.config)
-        anyio.run(lambda: serve(config, url=url, token=token))
+        anyio.run(lambda: serve(config, url=url, token=token, http=options.http))
     except ConfigError as exc:
         print(f"{GATEWAY}: {exc}", file=sys.stderr)
         return 2
