@@ -65,12 +65,13 @@ import json
 import logging
 import math
 import os
+import signal
 import string
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -571,11 +572,11 @@ class Gateway:
         finally:
             task.guard.close()
 
-    async def end_idle(self, idle_seconds: float, *, every: float = 5.0) -> None:
+    async def end_idle(self, idle_seconds: float) -> None:
         """Over HTTP no message says that a session is over: end the task of a session
         without a call for ``idle_seconds`` (its heartbeat would keep it running for ever)."""
         while True:
-            await anyio.sleep(every)
+            await anyio.sleep(min(5.0, idle_seconds / 2))
             now = time.monotonic()
             for key, task in list(self.tasks.items()):
                 if key is not None and not task.lock.locked() and now - task.used > idle_seconds:
@@ -733,12 +734,30 @@ async def _serve_http(
     """Streamable HTTP at ``http://host:port/mcp`` (the SDK's app: a loopback host gets its
     DNS-rebinding protection), each session's idle task ended after the configured time."""
     app = server.streamable_http_app(host=host)
-    web = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    web = _Web(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     print(f"{GATEWAY}: serving http://{host}:{port}/mcp", file=err, flush=True)
     async with anyio.create_task_group() as group:
         group.start_soon(gateway.end_idle, gateway.config.session_idle_seconds)
-        await web.serve()  # until SIGINT or SIGTERM
+        group.start_soon(_stop_on_signal, web)
+        await web.serve()
         group.cancel_scope.cancel()
+
+
+class _Web(uvicorn.Server):
+    """uvicorn, without its own signal handlers: it raises a caught SIGTERM again once it
+    has stopped, which would end the process before the gateway ends its tasks."""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _stop_on_signal(web: uvicorn.Server) -> None:
+    """SIGINT or SIGTERM: stop serving; the gateway then ends its tasks and exits."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            web.should_exit = True
+            return
 
 
 def _address(value: str) -> tuple[str, int]:

@@ -26,6 +26,7 @@ pytest.importorskip("mcp")
 import anyio
 import mcp_types as types
 from django.contrib.auth.models import User
+from django.db import connections
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
@@ -58,6 +59,20 @@ def effects(db: Path, kind: str) -> list[int]:
 
 def text(result: types.CallToolResult) -> str:
     return " ".join(part.text for part in result.content if isinstance(part, types.TextContent))
+
+
+async def in_thread[T](work: Callable[[], T]) -> T:
+    """Django's database work from inside an MCP session (the event loop must go on
+    serving the client meanwhile); the thread's connection closed after it, so that the
+    test database can be dropped at the end."""
+
+    def run() -> T:
+        try:
+            return work()
+        finally:
+            connections.close_all()
+
+    return await anyio.to_thread.run_sync(run)
 
 
 def stdio_shop(db: Path) -> dict[str, Any]:
@@ -260,7 +275,7 @@ def test_a_resumed_task_goes_on_in_the_same_session_and_the_settled_write_is_not
                 task_id=task.id, actor=person, reason="refund checked", enqueue=lambda _: None
             )
 
-        await anyio.to_thread.run_sync(settle_and_resume)
+        await in_thread(settle_and_resume)
         return [
             lost,
             await client.call_tool("send_refund", {"order": 6}),
@@ -290,8 +305,8 @@ def test_stop_from_the_console_refuses_the_next_call(
 
     async def scenario(client: Client) -> tuple[types.CallToolResult, types.CallToolResult]:
         first = await client.call_tool("find_order", {"order": 1})
-        task = await anyio.to_thread.run_sync(Task.objects.get)
-        await anyio.to_thread.run_sync(
+        task = await in_thread(Task.objects.get)
+        await in_thread(
             lambda: services.task_stop(task_id=task.id, actor=person, reason="the desk is closing")
         )
         return first, await client.call_tool("send_refund", {"order": 1})
@@ -367,6 +382,109 @@ def test_a_streamable_http_server_beside_a_stdio_one_namespaces_shared_names(
     assert "find_order" not in names
     assert first == second == "refund of 3 sent for order 9"
     assert effects(remote_db, "refund") == [9] and effects(db, "refund") == []
+
+
+def serve_http(gateway: Gateway, config: dict[str, Any]) -> tuple[subprocess.Popen[str], str]:
+    """The gateway serving Streamable HTTP on a port of its own; the process and its URL."""
+    path = gateway.tmp_path / "gateway.json"
+    path.write_text(json.dumps(config))
+    port = free_port()
+    served = subprocess.Popen(  # noqa: S603 - our own module
+        [sys.executable, "-m", "guard.contrib.mcp", "--config", str(path),
+         "--http", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env={**os.environ, "LOOPGUARD_URL": gateway.url, "LOOPGUARD_TOKEN": gateway.token},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    return served, f"http://127.0.0.1:{port}/mcp"
+
+
+def session_client(url: str, name: str) -> Client:
+    """A client of the initialize handshake: a session, and its Mcp-Session-Id."""
+    info = types.Implementation(name=name, version="1")
+    return Client(url, mode="legacy", client_info=info, cache=None)
+
+
+@live
+@pytest.mark.slow
+def test_over_streamable_http_each_mcp_session_is_a_task_of_its_own(
+    gateway: Gateway, db: Path, person: User, tmp_path: Path
+) -> None:
+    served, url = serve_http(gateway, {"servers": {"shop": stdio_shop(db)}, "tools": KEYS})
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+
+    async def sessions() -> list[types.CallToolResult]:
+        async with session_client(url, "desk-a") as a, session_client(url, "desk-b") as b:
+            first = await a.call_tool("send_refund", {"order": 11})
+            again = await a.call_tool("send_refund", {"order": 11})
+            other = await b.call_tool("find_order", {"order": 1})
+
+            def stop_a() -> None:
+                task = Task.objects.get(client__startswith="desk-a")
+                services.task_stop(task_id=task.id, actor=person, reason="a is done")
+
+            await in_thread(stop_a)
+            return [
+                first,
+                again,
+                other,
+                await a.call_tool("find_order", {"order": 3}),
+                await b.call_tool("find_order", {"order": 2}),
+            ]
+
+    try:
+        wait_for(lambda: listening(port), timeout=30, what="the gateway serving HTTP")
+        first, again, other, stopped, goes_on = anyio.run(sessions)
+    finally:
+        served.terminate()
+        _, said = served.communicate(timeout=30)
+    assert text(first) == text(again) == "refund of 10 sent for order 11"
+    assert text(other) == "order 1: delivered"
+    assert stopped.is_error and "stopped by anna: a is done" in text(stopped)
+    assert text(goes_on) == "order 2: delivered"  # the other session's task runs on
+    assert effects(db, "refund") == [11] and effects(db, "lookup") == [1, 2]
+    tasks = {t.client: (t.state, t.reason) for t in Task.objects.all()}
+    assert tasks == {
+        "desk-a/1 via loopguard-mcp-gateway/1": (TaskState.CANCELLED, "operator_stop"),
+        # Ended when the gateway stopped: no final answer crossed MCP.
+        "desk-b/1 via loopguard-mcp-gateway/1": (TaskState.PARTIAL, "goal_unverified"),
+    }, said
+
+
+@live
+@pytest.mark.slow
+def test_over_streamable_http_a_session_gone_quiet_has_its_task_ended(
+    gateway: Gateway, db: Path
+) -> None:
+    config = {"servers": {"shop": stdio_shop(db)}, "tools": KEYS, "session_idle_seconds": 1}
+    served, url = serve_http(gateway, config)
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+
+    async def quiet() -> types.CallToolResult:
+        async with session_client(url, "desk-c") as client:
+            answer = await client.call_tool("find_order", {"order": 4})
+
+            def ended() -> bool:
+                return Task.objects.get().state == TaskState.PARTIAL
+
+            # No message ends an HTTP session: the gateway ends its task once it is quiet,
+            # while the client (and the gateway) are still there.
+            await in_thread(
+                lambda: wait_for(ended, timeout=20, what="the quiet session's task ended")
+            )
+            return answer
+
+    try:
+        wait_for(lambda: listening(port), timeout=30, what="the gateway serving HTTP")
+        answer = anyio.run(quiet)
+        assert served.poll() is None
+    finally:
+        served.terminate()
+        served.communicate(timeout=30)
+    assert text(answer) == "order 4: delivered"
+    assert Task.objects.get().reason == "goal_unverified"
 
 
 @live
