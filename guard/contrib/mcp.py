@@ -3,12 +3,15 @@
 
 The agent's MCP client (a desktop assistant, a coding agent, the OpenAI Agents SDK's MCP
 tools) runs this process instead of its servers. It speaks MCP to the client over stdio
-and connects to each configured upstream server (a command over stdio, or a Streamable
-HTTP URL); it lists their tools as its own — ``server__tool`` only where two servers offer
-the same name — and passes every ``tools/call`` through the console's guard with
-:mod:`guard.remote`. One gateway process is one attached task on the console, owned by the
-token it runs with (``LOOPGUARD_URL``, ``LOOPGUARD_TOKEN``), named after the client that
-drives it.
+(or Streamable HTTP, ``--http HOST:PORT``) and connects to each configured upstream server
+(a command over stdio, or a Streamable HTTP URL); it lists their tools as its own —
+``server__tool`` only where two servers offer the same name — and passes every
+``tools/call`` through the console's guard with :mod:`guard.remote`. Each client session
+is an attached task on the console, owned by the token it runs with (``LOOPGUARD_URL``,
+``LOOPGUARD_TOKEN``), named after the client that drives it: over stdio the process's one
+client; over HTTP each MCP session id (clients of the stateless protocol, which have no
+session, share one task). The tasks are kept by the gateway, never on the SDK's session
+object, which the SDK makes anew for each request.
 
 What a call comes to:
 
