@@ -129,7 +129,8 @@ class Upstream:
         """What :class:`mcp.Client` connects to."""
         if self.url is not None:
             return self.url
-        assert self.command is not None  # noqa: S101 - load() allows nothing else
+        if self.command is None:
+            raise ConfigError(f"server {self.name!r} has neither a command nor a url")
         return StdioServerParameters(
             command=self.command, args=list(self.args), env=dict(self.env) or None, cwd=self.cwd
         )
@@ -355,7 +356,8 @@ class Gateway:
                 await stack.enter_async_context(client)
                 tools = await _all_tools(client)
             except Exception as exc:
-                raise ConfigError(f"server {upstream.name!r} could not be reached: {exc}") from exc
+                why = _describe(exc)
+                raise ConfigError(f"server {upstream.name!r} could not be reached: {why}") from exc
             self._clients[upstream.name] = client
             offered += [(upstream.name, tool) for tool in tools]
         counts: dict[str, int] = {}
@@ -671,6 +673,10 @@ def _client_of(ctx: Any) -> str:
 
 
 def _describe(exc: BaseException) -> str:
+    """What went wrong, in a line: the first exception a task group gathered, not the
+    group's own "unhandled errors" words."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
     text = str(exc)
     return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 

@@ -569,3 +569,20 @@ def test_the_gateway_without_a_console_to_ask_says_what_to_set(tmp_path: Path) -
     assert run.returncode == 2
     assert "set LOOPGUARD_URL" in run.stderr
     assert run.stdout == ""  # stdout is the MCP wire: nothing else is ever written there
+
+
+def test_a_server_that_cannot_be_reached_stops_the_start_saying_which(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.json"
+    path.write_text(json.dumps({"servers": {"crm": {"url": f"http://127.0.0.1:{free_port()}/mcp"}}}))
+    run = subprocess.run(  # noqa: S603 - our own module
+        [sys.executable, "-m", "guard.contrib.mcp", "--config", str(path)],
+        cwd=ROOT,
+        env={**os.environ, "LOOPGUARD_URL": "http://127.0.0.1:9", "LOOPGUARD_TOKEN": "t"},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2
+    assert "server 'crm' could not be reached: ConnectError" in run.stderr
+    assert run.stdout == ""
