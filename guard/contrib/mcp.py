@@ -1,5 +1,6 @@
 """An MCP gateway: the guard between any MCP client and its tool servers
-(``pip install "loopguard-guard[mcp]"``; ``python -m guard.contrib.mcp --config FILE``).
+(``pip install "loopguard-guard[mcp]"``; ``loopguard-mcp-gateway --config FILE``, or
+``python -m guard.contrib.mcp --config FILE``).
 
 The agent's MCP client (a desktop assistant, a coding agent, the OpenAI Agents SDK's MCP
 tools) runs this process instead of its servers. It speaks MCP to the client over stdio

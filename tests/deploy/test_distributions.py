@@ -126,6 +126,13 @@ def test_the_guard_wheel_has_the_framework_extras_with_their_pins(
     }
 
 
+def test_the_guard_wheel_has_the_mcp_gateways_command(wheels: dict[str, Path]) -> None:
+    with zipfile.ZipFile(wheels[GUARD]) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt")]
+        entry_points = archive.read(name).decode()
+    assert "[console_scripts]\nloopguard-mcp-gateway = guard.contrib.mcp:main" in entry_points
+
+
 # -- the console's wheel --------------------------------------------------------------------
 
 

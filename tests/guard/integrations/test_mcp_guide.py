@@ -106,8 +106,10 @@ def test_the_desktop_clients_entry_runs_the_guides_gateway(setup: dict[str, Any]
     args = [str(setup["config"]) if a == "/path/to/gateway.json" else a for a in entry["args"]]
     env = {"LOOPGUARD_URL": os.environ["LOOPGUARD_URL"], "LOOPGUARD_TOKEN": setup["token"]}
     assert set(entry["env"]) == set(env)
-    assert entry["command"] == "/path/to/venv/bin/python"
-    params = StdioServerParameters(command=sys.executable, args=args, env=env)
+    # The guard distribution's command, as pip installed it beside this interpreter.
+    assert entry["command"] == "/path/to/venv/bin/loopguard-mcp-gateway"
+    command = Path(sys.executable).with_name("loopguard-mcp-gateway")
+    params = StdioServerParameters(command=str(command), args=args, env=env)
 
     async def session() -> list[types.CallToolResult | list[str]]:
         async with Client(params, cache=None) as client:
