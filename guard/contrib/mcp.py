@@ -770,11 +770,24 @@ async def _stop_on_signal(web: uvicorn.Server) -> None:
             return
 
 
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
 def _address(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` to serve on: a loopback host only. The gateway asks its clients for no
+    credential, and every call it passes runs with its token's authority: a client from
+    elsewhere comes through a proxy that authenticates it."""
     host, _, port = value.rpartition(":")
+    host = host.strip("[]")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT (127.0.0.1:8765, say)")
-    return host.strip("[]"), int(port)
+    if host not in _LOOPBACK:
+        raise argparse.ArgumentTypeError(
+            f"{host} is not a loopback address: the gateway checks no credentials of its "
+            "clients, so it serves on 127.0.0.1 or ::1 only (put a proxy that authenticates "
+            "them in front of it for clients on other machines)"
+        )
+    return host, int(port)
 
 
 def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] = os.environ) -> int:

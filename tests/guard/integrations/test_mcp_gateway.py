@@ -586,3 +586,14 @@ def test_a_server_that_cannot_be_reached_stops_the_start_saying_which(tmp_path: 
     assert run.returncode == 2
     assert "server 'crm' could not be reached: ConnectError" in run.stderr
     assert run.stdout == ""
+
+
+def test_the_gateway_serves_http_on_a_loopback_address_only(tmp_path: Path) -> None:
+    run = subprocess.run(  # noqa: S603 - our own module
+        [sys.executable, "-m", "guard.contrib.mcp", "--config", str(tmp_path / "g.json"),
+         "--http", "0.0.0.0:8765"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "0.0.0.0 is not a loopback address" in run.stderr
+    assert "checks no credentials" in run.stderr
