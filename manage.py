@@ -112,7 +112,7 @@ def read_pyproject() -> dict[str, Any]:
 # The guard's distribution takes these from [project] unchanged, and GUARD_OWNS from
 # [tool.loopguard.guard-distribution]; it has no dependencies at all.
 GUARD_SHARES = ("version", "requires-python", "readme", "license", "authors", "urls")
-GUARD_OWNS = ("name", "description", "optional-dependencies")
+GUARD_OWNS = ("name", "description", "optional-dependencies", "scripts")
 NOT_BUILT = shutil.ignore_patterns("__pycache__", "*.py[cod]")
 
 
@@ -152,6 +152,10 @@ def guard_pyproject(pyproject: dict[str, Any]) -> str:
         "[project.optional-dependencies]",
         *(f"{json.dumps(extra)} = {toml_value(needs)}"
           for extra, needs in own.get("optional-dependencies", {}).items()),
+        "",
+        "[project.scripts]",  # commands of the guard's own, each a function of guard/
+        *(f"{json.dumps(name)} = {toml_value(target)}"
+          for name, target in own.get("scripts", {}).items()),
         "",
         "[tool.setuptools]",
         'packages = ["guard", "guard.contrib", "guard.remote"]',  # each package of guard/, named

@@ -34,6 +34,10 @@ INTEGRATIONS: tuple[Integration, ...] = (
         frozenset({"langchain", "langchain_core", "langgraph"}),
     ),
     Integration("guard.contrib.openai_agents", "openai-agents", frozenset({"agents"})),
+    # The MCP gateway: the SDK, its protocol's types (a distribution of their own), anyio,
+    # whose event loop and threads the SDK runs on, and uvicorn, which serves the SDK's
+    # Streamable HTTP app; the SDK brings all three.
+    Integration("guard.contrib.mcp", "mcp", frozenset({"mcp", "mcp_types", "anyio", "uvicorn"})),
 )
 """Every framework integration. A new one is its module, its entry here and its extra in
 pyproject.toml (the guard's distribution's and the console's, which pip reads from there)."""

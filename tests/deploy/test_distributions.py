@@ -74,7 +74,7 @@ def requirements(wheel: Path) -> list[Requirement]:
     return [Requirement(line) for line in metadata(wheel).get_all("Requires-Dist") or []]
 
 
-EXTRAS = ("langchain", "openai-agents", "model", "dev", "bench")
+EXTRAS = ("langchain", "openai-agents", "mcp", "model", "dev", "bench")
 
 
 def extras_of(requirement: Requirement) -> set[str]:
@@ -116,13 +116,21 @@ def test_the_guard_wheel_has_the_framework_extras_with_their_pins(
     needs = requirements(wheels[GUARD])
 
     assert set(metadata(wheels[GUARD]).get_all("Provides-Extra") or []) == {
-        "langchain", "openai-agents"
+        "langchain", "openai-agents", "mcp"
     }  # fmt: skip
     pins = {(r.name, r.specifier, frozenset(extras_of(r))) for r in needs}
     assert pins == {
         ("langchain", SpecifierSet(">=1.2,<2"), frozenset({"langchain"})),
         ("openai-agents", SpecifierSet(">=0.20,<1"), frozenset({"openai-agents"})),
+        ("mcp", SpecifierSet(">=2.3,<3"), frozenset({"mcp"})),
     }
+
+
+def test_the_guard_wheel_has_the_mcp_gateways_command(wheels: dict[str, Path]) -> None:
+    with zipfile.ZipFile(wheels[GUARD]) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt")]
+        entry_points = archive.read(name).decode()
+    assert "[console_scripts]\nloopguard-mcp-gateway = guard.contrib.mcp:main" in entry_points
 
 
 # -- the console's wheel --------------------------------------------------------------------
@@ -152,6 +160,7 @@ def test_the_console_wheel_depends_on_the_guard_of_its_own_version(
         (GUARD, f"=={meta['Version']}", frozenset(), frozenset({"", *EXTRAS})),
         (GUARD, "", frozenset({"langchain"}), frozenset({"langchain"})),
         (GUARD, "", frozenset({"openai-agents"}), frozenset({"openai-agents"})),
+        (GUARD, "", frozenset({"mcp"}), frozenset({"mcp"})),
     }
 
 

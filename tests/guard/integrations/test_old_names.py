@@ -9,8 +9,12 @@ import pytest
 
 from guard.contrib import INTEGRATIONS, Integration
 
+# The integrations that were importable before guard/contrib/ (a newer one has no old name).
+OLD_NAMES = ("guard.contrib.langchain", "guard.contrib.openai_agents")
+OLD = [integration for integration in INTEGRATIONS if integration.module in OLD_NAMES]
 
-@pytest.mark.parametrize("integration", INTEGRATIONS, ids=lambda i: i.extra)
+
+@pytest.mark.parametrize("integration", OLD, ids=lambda i: i.extra)
 def test_an_integration_is_importable_by_its_old_name_with_the_same_objects(
     integration: Integration,
 ) -> None:
