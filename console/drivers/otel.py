@@ -80,6 +80,7 @@ __all__ = [
     "exporter",
     "span_id",
     "trace_id",
+    "unsent_tasks",
 ]
 
 logger = logging.getLogger(__name__)
@@ -210,6 +211,23 @@ def read_trace(now: datetime | None = None) -> int:
         if settled:
             TraceExportTotals.objects.filter(id=1).update(read_id=max(settled))
     return len(rows)
+
+
+def unsent_tasks(low: int | None, high: int, *, most: int = 10) -> list[int]:
+    """Up to ``most`` tasks with ids in ``[low, high)`` whose trace the export has not all
+    sent (a cursor behind its trace, or events the reading has not reached yet), lowest id
+    first: what an archive must wait for."""
+    ids = Q(task_id__lt=high) if low is None else Q(task_id__gte=low, task_id__lt=high)
+    behind = list(
+        TraceExport.objects.filter(ids, seen_seq__gt=F("exported_seq"))
+        .order_by("task_id")
+        .values_list("task_id", flat=True)[:most]
+    )
+    if behind:
+        return behind
+    read = TraceExportTotals.objects.filter(id=1).values_list("read_id", flat=True).first()
+    unread = TraceEvent.objects.filter(ids, id__gt=read or 0).order_by("task_id")
+    return list(unread.values_list("task_id", flat=True).distinct()[:most])
 
 
 # -- 2. claiming, 3. sending -----------------------------------------------------------------

@@ -607,3 +607,32 @@ def test_a_task_resumed_after_the_plan_keeps_its_range(
     assert ranges.name in _names() and task.events.count() == 3
     assert Task.objects.get(id=task.id).trace_archive_id is None
     assert not TraceArchive.objects.exists()
+
+
+def test_with_the_opentelemetry_export_on_a_range_leaves_only_once_its_trace_is_sent(
+    ranges: Ranges, checked: Callable[[], None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from console.drivers import otel
+
+    task = _task(ranges.low + 1)
+    ranges.close()
+    checked()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")  # the export is on
+
+    waiting = trace_archive.archive(_before(), folder=tmp_path)
+    kept = {k.partition: k for k in waiting.kept}
+    assert not waiting.archived and ranges.name in _names()
+    assert "not all sent to OpenTelemetry" in kept[ranges.name].why
+    assert kept[ranges.name].holding == (task.id,)
+
+    collector = InMemorySpanExporter()  # the SDK's own exporter that keeps what it is given
+    while otel.export_pass(to=collector).exported:
+        pass
+    assert {span.attributes["loopguard.task.id"] for span in collector.get_finished_spans()} >= {
+        task.id
+    }
+    done = trace_archive.archive(_before(), folder=tmp_path)
+    assert [a.partition for a in done.archived] == [ranges.name]
+    assert ranges.name not in _names()

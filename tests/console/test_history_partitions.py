@@ -4,8 +4,6 @@ the ranges made ahead of the newest row, and an existing database migrated in pl
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import psycopg
@@ -16,7 +14,7 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from console.models import AuditEntry, Operation, OperationEvent, Task, TraceEvent
 from console.store import history
-from tests.processes import ROOT, clean_environment
+from tests.databases import django, own_database
 
 pytestmark = pytest.mark.django_db
 
@@ -186,32 +184,10 @@ print(event.id, list(task.events.order_by("seq").values_list("detail", flat=True
 def old_database() -> Iterator[str]:
     """A database of its own at the last migration before the partitions, with tasks and a
     trace in it: its URL."""
-    db = settings.DATABASES["default"]
-    name = f"{db['NAME']}_upgrade"
-    server = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}"
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = f"{server}/{name}"
-    _django(url, "migrate", "-v0", "console", "0018")
-    _django(url, "shell", "-c", _OLD_ROWS)
-    yield url
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _django(url: str, *argv: str) -> str:
-    done = subprocess.run(  # noqa: S603 - this interpreter, Django's own command line
-        [sys.executable, "-m", "django", *argv],
-        cwd=ROOT,
-        env=clean_environment(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="console.project.settings"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    with own_database("upgrade") as url:
+        django(url, "migrate", "-v0", "console", "0018")
+        django(url, "shell", "-c", _OLD_ROWS)
+        yield url
 
 
 def _catalogue(url: str) -> tuple[list[tuple[str, str]], list[tuple[int, int, str]]]:
@@ -236,7 +212,7 @@ def test_an_existing_trace_becomes_the_first_partition_with_every_row_and_id_kep
         ).fetchall()
     assert len(before) == 6
 
-    _django(old_database, "migrate", "-v0")
+    django(old_database, "migrate", "-v0")
 
     partitions, rows = _catalogue(old_database)
     assert rows == before  # kept where they were: not copied, not renumbered
@@ -254,11 +230,11 @@ def test_an_existing_trace_becomes_the_first_partition_with_every_row_and_id_kep
             ),
         ]
     )
-    said = _django(old_database, "shell", "-v0", "-c", _NEW_ROW).strip().splitlines()[-1]
+    said = django(old_database, "shell", "-v0", "-c", _NEW_ROW).strip().splitlines()[-1]
     new_id, details = said.split(" ", 1)
     assert int(new_id) > max(row[0] for row in before)  # the ids go on from the old ones
     assert details.strip() == "['0/0', '0/1', 'after']"
-    _django(old_database, "migrate", "-v0")  # again: nothing left to do, nothing broken
+    django(old_database, "migrate", "-v0")  # again: nothing left to do, nothing broken
     assert _catalogue(old_database)[0] == partitions
 
 
@@ -288,7 +264,7 @@ def test_an_existing_operation_history_and_audit_log_become_first_partitions(
         }
     assert [len(before[t]) for t in tables] == [6, 3]
 
-    _django(old_database, "migrate", "-v0")
+    django(old_database, "migrate", "-v0")
 
     bound = 2 * history_size  # two whole ranges above the newest id
     with psycopg.connect(old_database) as db:
@@ -308,7 +284,7 @@ def test_an_existing_operation_history_and_audit_log_become_first_partitions(
                 "SELECT indexname FROM pg_indexes WHERE tablename = %s ORDER BY 1", [table]
             ).fetchall()
             assert after == indexes[table]
-    said = _django(old_database, "shell", "-v0", "-c", _HISTORY_ROW).strip().splitlines()[-1]
+    said = django(old_database, "shell", "-v0", "-c", _HISTORY_ROW).strip().splitlines()[-1]
     event_id, audit_id = (int(n) for n in said.split())
     assert event_id > max(row[0] for row in before["console_operationevent"])
     assert audit_id > max(row[0] for row in before["console_auditentry"])

@@ -6,18 +6,15 @@ partition has its own, and a partition made later gets them from the parent."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import psycopg
 import pytest
-from django.conf import settings
 from django.db import connection
 
 from console.models import Task
 from console.store import history
-from tests.processes import ROOT, clean_environment
+from tests.databases import django, own_database
 
 pytestmark = pytest.mark.django_db
 
@@ -77,46 +74,24 @@ def test_every_trace_partition_has_both_indexes_and_a_range_made_later_gets_them
 def partitioned_database() -> Iterator[str]:
     """A database of its own at migration 0019 (the trace partitioned), with a trace in
     it: its URL."""
-    db = settings.DATABASES["default"]
-    name = f"{db['NAME']}_scale"
-    server = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}"
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = f"{server}/{name}"
-    _django(url, "migrate", "-v0", "console", "0019")
-    with psycopg.connect(url) as conn:
-        conn.execute(
-            "INSERT INTO console_task (agent, client, tools, input, input_fingerprint, state,"
-            " reason, detail, limits, model_calls, requests, executions, tokens, spend,"
-            " explored, polls, elapsed_ms, revision, phase, next_seq, recoveries, lease_owner,"
-            " stop_note, created_at, updated_at) SELECT 'test_reader', '', '{}', '{}', 'f',"
-            " 'QUEUED', '', '', '{}', 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, '', '', now(), now()"
-            " FROM generate_series(1, 3)"
-        )
-        conn.execute(
-            "INSERT INTO console_traceevent (task_id, phase, seq, at, kind, decision, reason,"
-            " tool, fingerprint, args_preview, result_kind, result_preview, operation_key,"
-            " latency_ms, cost, detail) SELECT t.id, 1, s, now(), 'model_call', '', '', '', '',"
-            " '', '', '', '', 100 + s, 5, '' FROM console_task t, generate_series(1, 4) s"
-        )
-    yield url
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _django(url: str, *argv: str) -> str:
-    done = subprocess.run(  # noqa: S603 - this interpreter, Django's own command line
-        [sys.executable, "-m", "django", *argv],
-        cwd=ROOT,
-        env=clean_environment(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="console.project.settings"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    with own_database("scale") as url:
+        django(url, "migrate", "-v0", "console", "0019")
+        with psycopg.connect(url) as conn:
+            conn.execute(
+                "INSERT INTO console_task (agent, client, tools, input, input_fingerprint, state,"
+                " reason, detail, limits, model_calls, requests, executions, tokens, spend,"
+                " explored, polls, elapsed_ms, revision, phase, next_seq, recoveries, lease_owner,"
+                " stop_note, created_at, updated_at) SELECT 'test_reader', '', '{}', '{}', 'f',"
+                " 'QUEUED', '', '', '{}', 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, '', '', now(), now()"
+                " FROM generate_series(1, 3)"
+            )
+            conn.execute(
+                "INSERT INTO console_traceevent (task_id, phase, seq, at, kind, decision, reason,"
+                " tool, fingerprint, args_preview, result_kind, result_preview, operation_key,"
+                " latency_ms, cost, detail) SELECT t.id, 1, s, now(), 'model_call', '', '', '', '',"
+                " '', '', '', '', 100 + s, 5, '' FROM console_task t, generate_series(1, 4) s"
+            )
+        yield url
 
 
 def test_migrating_a_database_with_a_trace_takes_up_an_interrupted_run_and_sums_the_same(
@@ -135,7 +110,7 @@ def test_migrating_a_database_with_a_trace_takes_up_an_interrupted_run_and_sums_
             " WHERE indexrelid = 'console_traceevent_t0_spend'::regclass"
         )
 
-    _django(partitioned_database, "migrate", "-v0", "console", "0023")
+    django(partitioned_database, "migrate", "-v0", "console", "0023")
 
     with psycopg.connect(partitioned_database) as conn:
         valid = dict(

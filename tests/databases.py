@@ -1,0 +1,48 @@
+"""A PostgreSQL database of a test's own, beside the test database, and Django's command line
+run on it: for the tests that migrate a database from an older state (``migrate`` to a
+migration, rows written as they were then, ``migrate`` again)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from django.conf import settings
+
+from tests.processes import ROOT, clean_environment
+
+
+@contextmanager
+def own_database(suffix: str) -> Iterator[str]:
+    """A new, empty database named after the test database and ``suffix`` (one left by an
+    earlier run is dropped first), dropped again afterwards: its URL."""
+    db = settings.DATABASES["default"]
+    name = f"{db['NAME']}_{suffix}"
+    server = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{server}/{name}"
+    finally:
+        with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def django(url: str, *argv: str) -> str:
+    """``python -m django *argv`` on the database at ``url``: what it printed; the test fails
+    with what it said on stderr if it did not succeed."""
+    done = subprocess.run(  # noqa: S603 - this interpreter, Django's own command line
+        [sys.executable, "-m", "django", *argv],
+        cwd=ROOT,
+        env=clean_environment(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="console.project.settings"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
