@@ -213,11 +213,15 @@ def read_trace(now: datetime | None = None) -> int:
     return len(rows)
 
 
-def unsent_tasks(low: int | None, high: int, *, most: int = 10) -> list[int]:
-    """Up to ``most`` tasks with ids in ``[low, high)`` whose trace the export has not all
-    sent (a cursor behind its trace, or events the reading has not reached yet), lowest id
-    first: what an archive must wait for."""
-    ids = Q(task_id__lt=high) if low is None else Q(task_id__gte=low, task_id__lt=high)
+def unsent_tasks(low: int | None, high: int | None, *, most: int = 10) -> list[int]:
+    """Up to ``most`` tasks with ids in ``[low, high)`` (``None``: unbounded) whose trace the
+    export has not all sent (a cursor behind its trace, or events the reading has not
+    reached yet), lowest id first: what an archive must wait for."""
+    ids = Q()
+    if low is not None:
+        ids &= Q(task_id__gte=low)
+    if high is not None:
+        ids &= Q(task_id__lt=high)
     behind = list(
         TraceExport.objects.filter(ids, seen_seq__gt=F("exported_seq"))
         .order_by("task_id")
