@@ -108,7 +108,10 @@ SHORT = {RAW_STEP_COMMIT: "(a)", DBOS: DBOS}
 WORKERS = (1, 2, 4)
 STOP_ROUNDS = 5
 PROFILE_STEPS = 40  # steps in the attributed run that breaks queries down by caller
-TARGET = 0.75  # issue 9: the guarded step against (a), at one worker
+DBOS_TARGET = 3.0
+"""Issue 20: the guarded step at least this many times DBOS's rate, at every worker count.
+(Issue 9's 0.75x against (a) is withdrawn: ``benchmarks/statement_ceiling.py`` showed the
+replay of the step's own statements reaches only ~0.73x of (a); its target is there.)"""
 
 COLUMNS = f"""\
 sides (columns):
@@ -1297,9 +1300,9 @@ def print_report(
                 paired = zip(by_side[GUARDED], by_side[peer], strict=True)
                 spread = " ".join(f"{g.rate / p.rate:.2f}" for g, p in paired)
                 mark = f"round by round {spread}"
-                if peer == RAW_STEP_COMMIT and workers == 1:
-                    met = "met" if ratio >= TARGET else "NOT met"
-                    mark = f"target ≥ {TARGET}x: {met}; {mark}"
+                if peer == DBOS:
+                    met = "met" if ratio >= DBOS_TARGET else "NOT met"
+                    mark = f"target ≥ {DBOS_TARGET:g}x: {met}; {mark}"
                 parts.append(f"guarded / {SHORT[peer]}: {ratio:.2f}x ({mark})")
         head = f"{workers} {'worker ' if workers == 1 else 'workers'}: "
         print(head + "; ".join(parts))

@@ -50,6 +50,9 @@ import runner_throughput as rt
 from psycopg import sql
 
 GUARDED, REPLAY, RAW = "guarded", "replay", "(a) raw+step commit"
+REPLAY_TARGET = 0.85
+"""Issue 20: the guarded step at least this share of the replay of its own statements (what
+is left is the Python around them)."""
 
 
 @dataclass
@@ -300,13 +303,15 @@ def _print(
         f"replay / (a):  {rate(REPLAY) / rate(RAW):.2f}x  (round by round {rounds_of(REPLAY, RAW)})"
         "  the ceiling: our statements with no Python deciding anything"
     )
+    ratio = rate(GUARDED) / rate(REPLAY)
+    met = "met" if ratio >= REPLAY_TARGET else "NOT met"
     print(
-        f"guarded / replay: {rate(GUARDED) / rate(REPLAY):.2f}x  (round by round "
+        f"guarded / replay: {ratio:.2f}x  (target ≥ {REPLAY_TARGET}x: {met}; round by round "
         f"{rounds_of(GUARDED, REPLAY)})  what the Python around them costs"
     )
     print(
         f"guarded / (a): {rate(GUARDED) / rate(RAW):.2f}x  (round by round "
-        f"{rounds_of(GUARDED, RAW)}; issue 9's target: ≥ {rt.TARGET}x)"
+        f"{rounds_of(GUARDED, RAW)}; no target: the replay above is the ceiling)"
     )
     total = sum(by_shape.values())
     if total:
