@@ -99,10 +99,15 @@ class StepStore(Protocol):
     task_id: int
     owner: str
 
-    def open_step(self, request_id: str | None) -> tuple[Task, Answer | None] | None:
+    def open_step(
+        self, request_id: str | None, *, step: str = "", body_hash: str = ""
+    ) -> tuple[Task, Answer | None] | None:
         """Lock the task's row until the caller's transaction ends and read it, with the
-        answer stored under ``request_id`` (``None``: none is looked for); ``None`` if
-        there is no such task. An attached step's first statement."""
+        answer stored under ``request_id`` by an earlier request (``None``: a request that
+        is not kept); ``None`` if there is no such task. An attached step's first
+        statement. PostgreSQL takes the request id in it (a row for the ``step`` with its
+        ``body_hash`` and no answer yet, which the step's answer fills) and tells a retry
+        by that insert's conflict, with no lookup first."""
         ...
 
     def remember(self, answer: Answer) -> None:

@@ -52,7 +52,11 @@ class BaseStore:
 
     # -- an attached step --------------------------------------------------------------------
 
-    def open_step(self, request_id: str | None) -> tuple[Task, Answer | None] | None:
+    def open_step(
+        self, request_id: str | None, *, step: str = "", body_hash: str = ""
+    ) -> tuple[Task, Answer | None] | None:
+        # A lookup, then the answer's insert with the save: SQLite's IMMEDIATE transaction
+        # holds the database's one write lock from BEGIN, so nothing comes in between.
         task = Task.objects.select_for_update().filter(id=self.task_id).first()
         if task is None:
             return None

@@ -137,24 +137,40 @@ _EVENTS = (
 
 _COUNTERS = ", ".join(f"{name} = %s" for name in (*_DIMENSIONS, "revision"))
 
-# An attached step's answer, stored by the step's save (only if the save found the row).
-_ANSWER = (
-    "answered AS (INSERT INTO console_steprequest (task_id, request_id, step, body_hash,"
-    " answer, at) SELECT %s, %s, %s, %s, %s::jsonb, %s FROM saved)"
+# An attached step's answer fills the row its request id took when the step opened
+# (_OPEN_KEPT_STEP: its answer JSON null until then), in the step's save (only if the save
+# found the task's row) or on its own. An insert all the same where no row was taken.
+_ANSWER_ROW = (
+    "INSERT INTO console_steprequest (task_id, request_id, step, body_hash, answer, at)"
+    " {source} ON CONFLICT (task_id, request_id) DO UPDATE"
+    " SET answer = EXCLUDED.answer, at = EXCLUDED.at"
+    " WHERE console_steprequest.answer = 'null'::jsonb"  # never an answer given before
 )
+_ANSWERED_BY_SAVE = "SELECT %s, %s, %s, %s, %s::jsonb, %s FROM saved"
+_ANSWER = f"answered AS ({_ANSWER_ROW.format(source=_ANSWERED_BY_SAVE)})"
+_REMEMBER = _ANSWER_ROW.format(source="VALUES (%s, %s, %s, %s, %s::jsonb, %s)") + " RETURNING 1"
 
 # An attached step's first statement: the task row, locked until the step commits (a Stop,
-# a resumption or another request of the task waits for it). The answer a retried request
-# id was given is read by a statement of its own, after the lock: a statement that waited
-# for the lock sees the row as it is now but any table it joins as it was when it began,
-# so the original request's answer, committed meanwhile, would not be seen.
+# a resumption or another request of the task waits for it).
 _TASK_FIELDS = tuple(Task._meta.concrete_fields)
-_OPEN_STEP = (
-    "SELECT "  # noqa: S608 - column names from the model
-    + ", ".join(str(field.column) for field in _TASK_FIELDS)
-    + " FROM console_task WHERE id = %s FOR UPDATE"
+_TASK_COLUMNS = ", ".join(str(field.column) for field in _TASK_FIELDS)
+_OPEN_STEP = f"SELECT {_TASK_COLUMNS} FROM console_task WHERE id = %s FOR UPDATE"  # noqa: S608
+# A kept request (one with a request id) also takes its id in that statement: its row is
+# inserted, answer JSON null, and the unique (task, request_id) finds a retried request,
+# its id answered before, by the insert's conflict (the last column counts 0), with no
+# lookup for every request that is not one. The insert comes after the lock (it reads the
+# locked row), so a retry sent while its original still runs waits and conflicts.
+_OPEN_KEPT_STEP = (
+    f"WITH task AS ({_OPEN_STEP}), asked AS ("  # noqa: S608 - column names from the model
+    "INSERT INTO console_steprequest (task_id, request_id, step, body_hash, answer, at)"
+    " SELECT id, %s, %s, %s, 'null'::jsonb, %s FROM task"
+    " ON CONFLICT (task_id, request_id) DO NOTHING RETURNING 1)"
+    f" SELECT {_TASK_COLUMNS}, (SELECT count(*) FROM asked) FROM task"
 )
-# The unique (task, request_id) makes it one row at most.
+# A retry's answer, read by a statement of its own: a statement that waited for the lock
+# sees the row as it is now but any other table as it was when it began, so the original
+# request's answer, committed meanwhile, would not be seen in the same statement. The
+# unique (task, request_id) makes it one row at most.
 _ANSWERED = (
     "SELECT step, body_hash, answer FROM console_steprequest WHERE task_id = %s AND request_id = %s"
 )
@@ -217,22 +233,44 @@ def _claim_sql(carried_events: int | None, checkpoint: bool = False) -> str:
 class PostgresStore(BaseStore):
     """:class:`console.store.StepStore` on PostgreSQL."""
 
-    def open_step(self, request_id: str | None) -> tuple[Task, Answer | None] | None:
-        row = fetch_one(_OPEN_STEP, [self.task_id])
+    def open_step(
+        self, request_id: str | None, *, step: str = "", body_hash: str = ""
+    ) -> tuple[Task, Answer | None] | None:
+        if request_id is None:
+            row = fetch_one(_OPEN_STEP, [self.task_id])
+        else:
+            asked = [self.task_id, request_id, step, body_hash, timezone.now()]
+            row = fetch_one(_OPEN_KEPT_STEP, asked)
         if row is None:
             return None
         values = [
             value if convert is None else convert(value, None, connection)
-            for convert, value in zip(_TASK_CONVERTERS, row, strict=True)
+            for convert, value in zip(_TASK_CONVERTERS, row, strict=False)
         ]
         task = Task.from_db(connection.alias, _TASK_NAMES, values)
-        if request_id is None:
+        if request_id is None or row[-1]:  # not kept, or its id taken now: not a retry
             return task, None
         answered = fetch_one(_ANSWERED, [self.task_id, request_id])
-        if answered is None:
-            return task, None
+        if answered is None:  # pragma: no cover - the conflict was with this very row
+            raise RuntimeError(f"request {request_id} of task {self.task_id} vanished")
         step, body_hash, answer = answered
-        return task, Answer(request_id, step, body_hash, json.loads(answer))
+        stored = json.loads(answer)
+        if stored is None:  # pragma: no cover - taken in a transaction that then committed
+            return task, None  # without its answer: the step is answered now, into its row
+        return task, Answer(request_id, step, body_hash, stored)
+
+    def remember(self, answer: Answer) -> None:
+        fetch_one(
+            _REMEMBER,
+            [
+                self.task_id,
+                answer.request_id,
+                answer.step,
+                answer.body_hash,
+                json.dumps(answer.answer),
+                timezone.now(),
+            ],
+        )
 
     def stop_requested(self) -> bool:
         row = fetch_one(_STOP_FACT, [self.task_id])

@@ -5,7 +5,8 @@ tool call. Each request is one step of the same ``guard.Guard`` the hosted runne
 over the same step store, in one transaction that holds the task's row:
 
 1. lock the task row (a Stop, a resumption or another request of the task waits for it);
-2. a request id answered before gets its stored answer (a retry never claims twice);
+2. a request id answered before gets its stored answer (a retry never claims twice): the
+   request's id is taken with the lock, and an id taken before is a retry;
 3. take or renew the client's lease (``lifecycle.start_drive``: a lost driver's leftovers
    are settled first, as for a dead worker);
 4. restore the guard from the task's checkpoint, run the one step, save its trace events,
@@ -153,7 +154,8 @@ def attached_step(
         raise InvalidInput(f"step must be one of {', '.join(STEPS)}")
     store = open_store(task_id, lease)
     with transaction.atomic():
-        opened = store.open_step(request_id if entry.kept else None)
+        kept = request_id if entry.kept else None
+        opened = store.open_step(kept, step=step, body_hash=fingerprint)
         if opened is None:
             raise NotFound(f"there is no task {task_id}")
         task, prior = opened
