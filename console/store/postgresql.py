@@ -151,8 +151,17 @@ _ANSWER = f"answered AS ({_ANSWER_ROW.format(source=_ANSWERED_BY_SAVE)})"
 _REMEMBER = _ANSWER_ROW.format(source="VALUES (%s, %s, %s, %s, %s::jsonb, %s)") + " RETURNING 1"
 
 # An attached step's first statement: the task row, locked until the step commits (a Stop,
-# a resumption or another request of the task waits for it).
-_TASK_FIELDS = tuple(Task._meta.concrete_fields)
+# a resumption or another request of the task waits for it). Only the columns a step reads:
+# the goal's input (JSON of any size, decoded for nothing) and what the pages show (the
+# agent's name, the detail, the times) are left deferred; a step that read one would send
+# a statement of its own for it (tests/console/api/test_attached_statements.py counts).
+_STEP_UNREAD = frozenset(
+    {"agent", "input", "input_fingerprint", "detail", "created_at", "updated_at",
+     "last_step_at", "finished_at"}
+)  # fmt: skip
+_TASK_FIELDS = tuple(
+    field for field in Task._meta.concrete_fields if field.attname not in _STEP_UNREAD
+)
 _TASK_COLUMNS = ", ".join(str(field.column) for field in _TASK_FIELDS)
 _OPEN_STEP = f"SELECT {_TASK_COLUMNS} FROM console_task WHERE id = %s FOR UPDATE"  # noqa: S608
 # A kept request (one with a request id) also takes its id in that statement: its row is

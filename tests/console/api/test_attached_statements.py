@@ -81,3 +81,20 @@ def test_a_refused_request_leaves_its_id_free(started: Client) -> None:
     assert refused.status_code == 409, refused.content
 
     assert not StepRequest.objects.filter(task_id=started.task, request_id="too-soon").exists()
+
+
+def test_a_step_reads_its_task_without_the_goals_input_and_reads_nothing_more_later(
+    caller: Callable[..., Caller],
+) -> None:
+    client = Client(caller(Role.AGENT))
+    assert client.start(input={"document": "x" * 60_000}).status_code == 201  # near its bound
+    client.step("model")
+
+    response, sent = _statements(
+        client, "tools", calls=[{"tool": "lookup", "args": {"q": 1}}], usage={"tokens": 3}
+    )
+
+    assert response.status_code == 200, response.content
+    opened, _ = sent  # no statement of its own for a column left out
+    read = opened.split("FROM console_task")[0]
+    assert "checkpoint" in read and "input" not in read
