@@ -27,8 +27,7 @@ from psycopg.pq import ConnStatus, TransactionStatus
 
 def session_looks_alive(session: psycopg.Connection[Any]) -> bool:
     """Whether a kept, idle ``session`` may be used, asked of the client side only: not
-    closed or broken, idle, and nothing waiting on its socket (a session's end, said by
-    the server, or its socket closed)."""
+    closed or broken, idle, and its socket not closed by the server (no round trip)."""
     if session.closed or session.broken:
         return False
     pgconn = session.pgconn
@@ -36,9 +35,20 @@ def session_looks_alive(session: psycopg.Connection[Any]) -> bool:
         return False
     poll = select.poll()
     poll.register(pgconn.socket, select.POLLIN | select.POLLPRI)
-    # Django neither LISTENs nor leaves a result unread, so an idle session has nothing
-    # to say: anything there is its end (or news we cannot tell from it).
-    return not poll.poll(0)
+    # Django neither LISTENs nor leaves a result unread, so an idle session has little to
+    # say: what is there is read (a notice, a TLS ticket, or the server's word that the
+    # session ended); a socket the server closed then fails to read, and the session is
+    # dead. Still saying something after a few reads: not worth the doubt, dead too.
+    for _ in range(3):
+        if not poll.poll(0):
+            return True
+        try:
+            pgconn.consume_input()
+        except psycopg.OperationalError:
+            return False
+        if pgconn.status != ConnStatus.OK:
+            return False
+    return False
 
 
 class DatabaseWrapper(postgresql.DatabaseWrapper):
