@@ -1068,18 +1068,24 @@ def _measure(
                 other = _serve_against(options, scratch, token, folder, stack)
                 attached_row(other[1], other[0], observer, sampler, 1, 10, None)
                 results[AGAINST] = []
-            for _ in range(rounds):  # interleaved, so that a noisy spell hits every row
+            for n in range(rounds):  # interleaved, so that a noisy spell hits every row
                 results[HOSTED].append(hosted_row(pool, stats, steps))
-                for count in counts:
-                    row = attached_row(clients, web, observer, sampler, count, steps, checked)
-                    results[label_of(count)].append(row)
-                row = attached_row(clients, web, observer, sampler, 1, steps, checked, enter=False)
-                results[BY_CALL].append(row)
-                floors.append(floor_of(web))
-                if other is not None:
+                # The other console's row first in every other round, right beside this
+                # one's 1-client row: neither gains from its place in the round.
+                if other is not None and n % 2:
                     row = attached_row(other[1], other[0], observer, sampler, 1, steps, checked)
                     results[AGAINST].append(row)
                     against_floors.append(floor_of(other[0]))
+                for count in counts:
+                    row = attached_row(clients, web, observer, sampler, count, steps, checked)
+                    results[label_of(count)].append(row)
+                if other is not None and not n % 2:
+                    row = attached_row(other[1], other[0], observer, sampler, 1, steps, checked)
+                    results[AGAINST].append(row)
+                    against_floors.append(floor_of(other[0]))
+                row = attached_row(clients, web, observer, sampler, 1, steps, checked, enter=False)
+                results[BY_CALL].append(row)
+                floors.append(floor_of(web))
         except BaseException:
             print(web.log_tail(), file=sys.stderr)
             raise
