@@ -36,7 +36,7 @@ from django.utils import timezone
 
 from console.lifecycle import entry_of
 from console.models import Operation, Task
-from console.store import Answer, LeaseLost, Record, Saved, Step
+from console.store import Answer, AnsweredBefore, LeaseLost, Record, Saved, Step
 from console.store.base import _CLAIMED_FROM_SQL, _DIMENSIONS, BaseStore, _states
 from console.store.statements import fetch_one
 from guard import Result
@@ -137,18 +137,19 @@ _EVENTS = (
 
 _COUNTERS = ", ".join(f"{name} = %s" for name in (*_DIMENSIONS, "revision"))
 
-# An attached step's answer fills the row its request id took when the step opened
-# (_OPEN_KEPT_STEP: its answer JSON null until then), in the step's save (only if the save
-# found the task's row) or on its own. An insert all the same where no row was taken.
+# An attached step's answer, stored by the step's save (only if the save found the row) or
+# on its own. A retried request (its id answered before) is told by this insert conflicting
+# on the unique (task, request_id), not by a lookup before every request: the save's last
+# column (or the lone insert's row) says whether it was stored, and the retry's step, run
+# again, rolls back (AnsweredBefore). The lock serialises a task's requests, so a retry that
+# came while its original ran conflicts with the original's committed row.
 _ANSWER_ROW = (
     "INSERT INTO console_steprequest (task_id, request_id, step, body_hash, answer, at)"
-    " {source} ON CONFLICT (task_id, request_id) DO UPDATE"
-    " SET answer = EXCLUDED.answer, at = EXCLUDED.at"
-    " WHERE console_steprequest.answer = 'null'::jsonb"  # never an answer given before
+    " {source} ON CONFLICT (task_id, request_id) DO NOTHING RETURNING 1"
 )
 _ANSWERED_BY_SAVE = "SELECT %s, %s, %s, %s, %s::jsonb, %s FROM saved"
 _ANSWER = f"answered AS ({_ANSWER_ROW.format(source=_ANSWERED_BY_SAVE)})"
-_REMEMBER = _ANSWER_ROW.format(source="VALUES (%s, %s, %s, %s, %s::jsonb, %s)") + " RETURNING 1"
+_REMEMBER = _ANSWER_ROW.format(source="VALUES (%s, %s, %s, %s, %s::jsonb, %s)")
 
 # An attached step's first statement: the task row, locked until the step commits (a Stop,
 # a resumption or another request of the task waits for it). Only the columns a step reads:
@@ -164,22 +165,8 @@ _TASK_FIELDS = tuple(
 )
 _TASK_COLUMNS = ", ".join(str(field.column) for field in _TASK_FIELDS)
 _OPEN_STEP = f"SELECT {_TASK_COLUMNS} FROM console_task WHERE id = %s FOR UPDATE"  # noqa: S608
-# A kept request (one with a request id) also takes its id in that statement: its row is
-# inserted, answer JSON null, and the unique (task, request_id) finds a retried request,
-# its id answered before, by the insert's conflict (the last column counts 0), with no
-# lookup for every request that is not one. The insert comes after the lock (it reads the
-# locked row), so a retry sent while its original still runs waits and conflicts.
-_OPEN_KEPT_STEP = (
-    f"WITH task AS ({_OPEN_STEP}), asked AS ("  # noqa: S608 - column names from the model
-    "INSERT INTO console_steprequest (task_id, request_id, step, body_hash, answer, at)"
-    " SELECT id, %s, %s, %s, 'null'::jsonb, %s FROM task"
-    " ON CONFLICT (task_id, request_id) DO NOTHING RETURNING 1)"
-    f" SELECT {_TASK_COLUMNS}, (SELECT count(*) FROM asked) FROM task"
-)
-# A retry's answer, read by a statement of its own: a statement that waited for the lock
-# sees the row as it is now but any other table as it was when it began, so the original
-# request's answer, committed meanwhile, would not be seen in the same statement. The
-# unique (task, request_id) makes it one row at most.
+# A retry's answer, read once its step has rolled back. The unique (task, request_id)
+# makes it one row at most.
 _ANSWERED = (
     "SELECT step, body_hash, answer FROM console_steprequest WHERE task_id = %s AND request_id = %s"
 )
@@ -208,8 +195,10 @@ def _save_ctes(events: int, checkpoint: bool, durable: bool) -> str:
 @cache
 def _save_sql(events: int, checkpoint: bool, durable: bool, answer: bool = False) -> str:
     ctes = _save_ctes(events, checkpoint, durable)
-    if answer:
+    if answer:  # its third column: whether the answer was stored (not a retry's)
         ctes = f"{ctes}, {_ANSWER}"
+        stored = "EXISTS (SELECT FROM answered)"
+        return f"WITH {ctes} SELECT stopping, lease_owner, {stored} FROM saved"  # noqa: S608
     return f"WITH {ctes} SELECT stopping, lease_owner FROM saved"  # noqa: S608
 
 
@@ -242,43 +231,36 @@ def _claim_sql(carried_events: int | None, checkpoint: bool = False) -> str:
 class PostgresStore(BaseStore):
     """:class:`console.store.StepStore` on PostgreSQL."""
 
-    def open_step(
-        self, request_id: str | None, *, step: str = "", body_hash: str = ""
-    ) -> tuple[Task, Answer | None] | None:
-        if request_id is None:
-            row = fetch_one(_OPEN_STEP, [self.task_id])
-        else:
-            asked = [self.task_id, request_id, step, body_hash, timezone.now()]
-            row = fetch_one(_OPEN_KEPT_STEP, asked)
+    def open_step(self, request_id: str | None) -> tuple[Task, Answer | None] | None:
+        # No lookup of request_id: its answer's insert tells a retry (_ANSWER_ROW).
+        row = fetch_one(_OPEN_STEP, [self.task_id])
         if row is None:
             return None
         values = [
             value if convert is None else convert(value, None, connection)
-            for convert, value in zip(_TASK_CONVERTERS, row, strict=False)
+            for convert, value in zip(_TASK_CONVERTERS, row, strict=True)
         ]
-        task = Task.from_db(connection.alias, _TASK_NAMES, values)
-        if request_id is None or row[-1]:  # not kept, or its id taken now: not a retry
-            return task, None
-        answered = fetch_one(_ANSWERED, [self.task_id, request_id])
-        if answered is None:  # pragma: no cover - the conflict was with this very row
-            raise RuntimeError(f"request {request_id} of task {self.task_id} vanished")
-        step, body_hash, answer = answered
-        stored = json.loads(answer)
-        if stored is None:  # pragma: no cover - taken in a transaction that then committed
-            return task, None  # without its answer: the step is answered now, into its row
-        return task, Answer(request_id, step, body_hash, stored)
+        return Task.from_db(connection.alias, _TASK_NAMES, values), None
+
+    def answered(self, request_id: str) -> Answer | None:
+        row = fetch_one(_ANSWERED, [self.task_id, request_id])
+        if row is None:
+            return None
+        step, body_hash, answer = row
+        return Answer(request_id, step, body_hash, json.loads(answer))
 
     def remember(self, answer: Answer) -> None:
-        fetch_one(
-            _REMEMBER,
-            [
-                self.task_id,
-                answer.request_id,
-                answer.step,
-                answer.body_hash,
-                json.dumps(answer.answer),
-                timezone.now(),
-            ],
+        if fetch_one(_REMEMBER, [*self._answer_params(answer)]) is None:
+            raise AnsweredBefore(f"request {answer.request_id} was answered before")
+
+    def _answer_params(self, answer: Answer) -> tuple[Any, ...]:
+        return (
+            self.task_id,
+            answer.request_id,
+            answer.step,
+            answer.body_hash,
+            json.dumps(answer.answer),
+            timezone.now(),
         )
 
     def stop_requested(self) -> bool:
@@ -367,16 +349,13 @@ class PostgresStore(BaseStore):
             answer = step.answer
             sql = _save_sql(events, checkpoint, step.durable, answer is not None)
             params = self._save_params(step)
-            if answer is not None:
-                params += (
-                    self.task_id,
-                    answer.request_id,
-                    answer.step,
-                    answer.body_hash,
-                    json.dumps(answer.answer),
-                    timezone.now(),
-                )
-            return self._saved(step, fetch_one(sql, params))
+            if answer is None:
+                return self._saved(step, fetch_one(sql, params))
+            row = fetch_one(sql, [*params, *self._answer_params(answer)])
+            saved = self._saved(step, row)
+            if row is not None and not row[2]:  # the answer's insert conflicted: a retry
+                raise AnsweredBefore(f"request {answer.request_id} was answered before")
+            return saved
         params = self._move_params(record.key, record.fingerprint, "record", record.result)
         row = fetch_one(
             _save_with_record_sql(events, checkpoint),
