@@ -93,6 +93,11 @@ CLIENTS = (1, 2, 4, 8)
 TOOLS = {"read_page": "read", "send_notice": "write"}
 BY_CALL = "attached, call step"
 TARGET = 2.0  # the attached step's cost at most twice the hosted step's
+# Issue 20's targets: PostgreSQL is what one deployment shares among all its agents, and the
+# no-op floor is the least a step of two requests can cost on this server.
+PG_TARGET = 1.5  # the attached step's PostgreSQL CPU at most 1.5x the hosted step's
+FLOOR_TARGET = 1.6  # the attached step at most 1.6x the floor (hosted step + two no-ops)
+AGAINST = "attached, against"
 AGENT = "bench-attached"
 CLIENT = "benchmarks/attached_steps"
 
@@ -106,6 +111,9 @@ rows:
   {"":<20}requests a step
   {BY_CALL:<20}1 client entering each call with a call step of its own, as the
   {"":<20}LangChain and Agents SDK integrations do: three requests a step
+  {AGAINST:<20}(with --against DIR) 1 client, as "attached, 1 client", against a
+  {"":<20}second console served from DIR (another checkout: the code before a
+  {"":<20}change), in the same rounds: before and after under the same load
 
 columns:
   steps/s             all clients' (workers') steps / wall time (median of the rounds)
@@ -124,8 +132,11 @@ columns:
 
 Then "attached / hosted": the 1-client attached step (with and without enter) against
 the hosted step, wall ms and total CPU ms, each against the target (<= {TARGET:g}x), and
-the milliseconds the remote step adds. Every number moves with the machine's load
-(printed): compare the rows of one run, not one run with another.
+the milliseconds the remote step adds; "PG CPU attached / hosted": the 1-client attached
+step's PostgreSQL CPU against the hosted step's (target <= {PG_TARGET:g}x); "attached /
+floor": the 1-client attached step against the floor (the hosted step plus two requests
+that do nothing), wall and CPU (target <= {FLOOR_TARGET:g}x). Every number moves with the
+machine's load (printed): compare the rows of one run, not one run with another.
 """
 
 # -- where it works ----------------------------------------------------------------------------
@@ -193,7 +204,9 @@ class Web:
     """The console under gunicorn on 127.0.0.1, as ``manage.py up`` starts it (gthread
     workers), DEBUG off, on the benchmark database; its output goes to a log file."""
 
-    def __init__(self, database_url: str, workers: int, threads: int, log: Path) -> None:
+    def __init__(
+        self, database_url: str, workers: int, threads: int, log: Path, root: Path = ROOT
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workers = workers
@@ -201,7 +214,7 @@ class Web:
         env = dict(os.environ)
         env.update(
             {
-                "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p),
+                "PYTHONPATH": os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p),
                 "PYTHONUNBUFFERED": "1",
                 "DJANGO_SETTINGS_MODULE": "console.project.settings",
                 "DATABASE_URL": database_url,
@@ -220,7 +233,7 @@ class Web:
         ]  # fmt: skip
         self._log = log.open("wb")
         self.process = subprocess.Popen(  # noqa: S603 - our own interpreter, no shell
-            command, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
+            command, cwd=root, env=env, stdout=self._log, stderr=subprocess.STDOUT
         )
         self.pids: list[int] = []
 
@@ -796,8 +809,9 @@ def print_report(
     load: tuple[float, float],
     facts: dict[str, str],
     floors: Sequence[Floor],
+    against_floors: Sequence[Floor] = (),
 ) -> None:
-    """The table (one row per configuration), the ratio against the target, the floor,
+    """The table (one row per configuration), the ratios against their targets, the floor,
     the checks."""
     print(
         f"python {sys.version.split()[0]}; PostgreSQL {facts['server_version']} "
@@ -822,9 +836,13 @@ def print_report(
         )
     print()
     hosted = table[HOSTED]
-    for label in (label_of(1), BY_CALL):
-        print(f"{label} / {HOSTED}: " + "; ".join(_against(table[label], hosted)))
+    for label in (label_of(1), BY_CALL, AGAINST):
+        if label in table:
+            print(f"{label} / {HOSTED}: " + "; ".join(_against(table[label], hosted)))
     print(_floor(floors, hosted))
+    for label, its_floors in ((label_of(1), floors), (AGAINST, against_floors)):
+        if label in table:
+            print(f"{label}: " + "; ".join(_targets(table[label], hosted, its_floors)))
     print(
         f"checked: {checked.tasks} attached tasks COMPLETED/goal_met, executions "
         f"{checked.executions} for {checked.steps} steps; notices {checked.notices} sent for "
@@ -855,6 +873,50 @@ def _against(one: dict[str, float | None], hosted: dict[str, float | None]) -> l
     return parts
 
 
+def _targets(
+    one: dict[str, float | None], hosted: dict[str, float | None], floors: Sequence[Floor]
+) -> list[str]:
+    """Issue 20's two targets for one attached row: its PostgreSQL CPU against the hosted
+    step's, and its step against the floor (the hosted step plus two no-op requests), in
+    wall time and in CPU."""
+    parts = []
+    pg, hosted_pg = one["PG CPU"], hosted["PG CPU"]
+    if pg is not None and hosted_pg:
+        parts.append(
+            f"PG CPU attached / hosted {pg / hosted_pg:.2f}x ({pg:.3f} vs {hosted_pg:.3f} ms; "
+            f"target <= {PG_TARGET:g}x: {_met(pg <= PG_TARGET * hosted_pg)})"
+        )
+    else:
+        parts.append("PG CPU attached / hosted n/a (the PostgreSQL server is not on this machine)")
+    least_wall, least_cpu = _least(floors, hosted)
+    wall = one["ms/step"] or float("nan")
+    parts.append(
+        f"attached / floor: wall {wall / least_wall:.2f}x ({wall:.2f} vs {least_wall:.2f} ms; "
+        f"target <= {FLOOR_TARGET:g}x: {_met(wall <= FLOOR_TARGET * least_wall)})"
+    )
+    cpu = one["total CPU"]
+    if cpu is not None and least_cpu is not None:
+        parts.append(
+            f"CPU {cpu / least_cpu:.2f}x ({cpu:.3f} vs {least_cpu:.3f} ms; "
+            f"target <= {FLOOR_TARGET:g}x: {_met(cpu <= FLOOR_TARGET * least_cpu)})"
+        )
+    return parts
+
+
+def _met(met: bool) -> str:
+    return "met" if met else "NOT met"
+
+
+def _least(floors: Sequence[Floor], hosted: dict[str, float | None]) -> tuple[float, float | None]:
+    """What a step of two no-op requests around the hosted step's work costs at least:
+    wall ms and CPU ms (None without the hosted step's total CPU)."""
+    wall = _median([f.wall_ms for f in floors])
+    cpu = _median([f.web_cpu_ms + f.client_cpu_ms for f in floors])
+    hosted_cpu = hosted["total CPU"]
+    least_wall = (hosted["ms/step"] or float("nan")) + 2 * wall
+    return least_wall, None if hosted_cpu is None else hosted_cpu + 2 * cpu
+
+
 def _floor(floors: Sequence[Floor], hosted: dict[str, float | None]) -> str:
     """The least an attached step of two requests could cost on this server: the hosted
     step's own work plus two requests that do nothing, against the hosted step."""
@@ -862,7 +924,7 @@ def _floor(floors: Sequence[Floor], hosted: dict[str, float | None]) -> str:
     cpu = _median([f.web_cpu_ms + f.client_cpu_ms for f in floors])
     web = _median([f.web_cpu_ms for f in floors])
     hosted_wall = hosted["ms/step"] or float("nan")
-    least_wall = hosted_wall + 2 * wall
+    least_wall, least_cpu = _least(floors, hosted)
     text = (
         f"floor: an API request that does nothing (a 405, before any database work) costs "
         f"{wall:.2f} ms wall and {cpu:.3f} ms CPU ({web:.3f} of it gunicorn + Django); a step "
@@ -870,8 +932,7 @@ def _floor(floors: Sequence[Floor], hosted: dict[str, float | None]) -> str:
         f"{least_wall:.2f} ms wall ({least_wall / hosted_wall:.2f}x the hosted step)"
     )
     hosted_cpu = hosted["total CPU"]
-    if hosted_cpu is not None:
-        least_cpu = hosted_cpu + 2 * cpu
+    if hosted_cpu is not None and least_cpu is not None:
         text += f" and {least_cpu:.3f} ms CPU ({least_cpu / hosted_cpu:.2f}x)"
     return text
 
@@ -926,12 +987,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: 20 steps per client, one round"
     )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also serve the console from DIR (another checkout of the same schema, e.g. "
+        "the code before a change) and time its 1-client row in the same rounds",
+    )
     options = parser.parse_args(argv)
     steps = options.steps if options.steps is not None else (20 if options.quick else 200)
     rounds = options.rounds if options.rounds is not None else (1 if options.quick else 3)
     if steps < 2 or rounds < 1 or options.web_workers < 1 or options.threads < 1:
         parser.error("--steps must be at least 2, --rounds, --web-workers and --threads 1+")
     counts: tuple[int, ...] = tuple(sorted({1, *options.clients}))
+    if options.against is not None and not (options.against / "console").is_dir():
+        parser.error(f"--against {options.against}: not a LoopGuard checkout (no console/)")
     scratch = Scratch.from_url(os.environ.get("DATABASE_URL") or rt.DEFAULT_DATABASE_URL)
 
     load_before = os.getloadavg()[0]
@@ -991,11 +1062,27 @@ def _measure(
             results: dict[str, list[Row]] = {HOSTED: [], **{label_of(c): [] for c in counts}}
             results[BY_CALL] = []
             floors: list[Floor] = []
-            for _ in range(rounds):  # interleaved, so that a noisy spell hits every row
+            against_floors: list[Floor] = []
+            other: tuple[Web, Clients] | None = None
+            if options.against is not None:
+                other = _serve_against(options, scratch, token, folder, stack)
+                attached_row(other[1], other[0], observer, sampler, 1, 10, None)
+                results[AGAINST] = []
+            for n in range(rounds):  # interleaved, so that a noisy spell hits every row
                 results[HOSTED].append(hosted_row(pool, stats, steps))
+                # The other console's row first in every other round, right beside this
+                # one's 1-client row: neither gains from its place in the round.
+                if other is not None and n % 2:
+                    row = attached_row(other[1], other[0], observer, sampler, 1, steps, checked)
+                    results[AGAINST].append(row)
+                    against_floors.append(floor_of(other[0]))
                 for count in counts:
                     row = attached_row(clients, web, observer, sampler, count, steps, checked)
                     results[label_of(count)].append(row)
+                if other is not None and not n % 2:
+                    row = attached_row(other[1], other[0], observer, sampler, 1, steps, checked)
+                    results[AGAINST].append(row)
+                    against_floors.append(floor_of(other[0]))
                 row = attached_row(clients, web, observer, sampler, 1, steps, checked, enter=False)
                 results[BY_CALL].append(row)
                 floors.append(floor_of(web))
@@ -1003,8 +1090,34 @@ def _measure(
             print(web.log_tail(), file=sys.stderr)
             raise
     load = (load_before, os.getloadavg()[0])
-    print_report(steps, rounds, web, options.threads, results, checked, load, facts, floors)
+    print_report(
+        steps, rounds, web, options.threads, results, checked, load, facts, floors, against_floors
+    )
     return 0
+
+
+def _serve_against(
+    options: argparse.Namespace,
+    scratch: Scratch,
+    token: str,
+    folder: Path,
+    stack: contextlib.ExitStack,
+) -> tuple[Web, Clients]:
+    """The second console (``--against``), served from its own tree on the same database,
+    and a client of its own; both stopped with the stack."""
+    root = options.against.resolve()
+    other = Web(
+        scratch.url, options.web_workers, options.threads, folder / "against.log", root=root
+    )
+    stack.callback(other.stop)
+    try:
+        other.wait_ready()
+    except BaseException:
+        print(other.log_tail(), file=sys.stderr)
+        raise
+    clients = Clients(other.url, token, scratch.url, 1)
+    stack.callback(clients.close)
+    return other, clients
 
 
 if __name__ == "__main__":

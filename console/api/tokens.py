@@ -7,6 +7,13 @@ the 401 answer) is :mod:`console.api.views`' business; the management commands
 ``create_api_token`` and ``revoke_api_token`` call this module too. A password change
 revokes every token of its user (:func:`api_token_revoke_all`, called from
 :mod:`console.project.security`).
+
+A process keeps a token's successful check for :data:`TOKEN_CHECK_SECONDS`: an attached
+agent asks before every model call and tool call, and reading the token, its user and their
+roles on each request was a statement and a sixth of the request's CPU. So a revocation, a
+deactivation or a change of roles made in another process (a management command, another
+web worker) reaches this one within that bound; made in this process (the services here,
+a user saved through the ORM) it clears the kept checks at once. A refusal is never kept.
 """
 
 from __future__ import annotations
@@ -14,11 +21,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import Q
+from django.db.models.signals import m2m_changed, post_save
 from django.utils import timezone
 
 from console.models import ApiToken
@@ -29,11 +40,13 @@ __all__ = [
     "LAST_USED_RESOLUTION",
     "MAX_TOKEN_LENGTH",
     "PREFIX_LENGTH",
+    "TOKEN_CHECK_SECONDS",
     "TOKEN_PREFIX",
     "TokenRefused",
     "api_token_authenticate",
     "api_token_digest",
     "api_token_for",
+    "api_token_forget_checks",
     "api_token_issue",
     "api_token_mark_used",
     "api_token_revoke",
@@ -47,6 +60,22 @@ MAX_TOKEN_LENGTH = 200  # longer than any token we issue: not worth hashing
 # ``last_used_at`` is written at most this often per token, so that a busy client does not
 # turn every read into a write.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+TOKEN_CHECK_SECONDS = 5.0
+"""How long a process keeps a token's successful check (see the module): the bound within
+which a token revoked elsewhere stops working here (docs/protocol.md, "Tokens")."""
+_CHECKS_KEPT = 1024  # tokens in use at once in one process are far fewer; a bound all the same
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    token: ApiToken
+    until: float  # on _clock
+
+
+# By the secret's digest. The token and its user are shared by the requests (and threads)
+# that use them in the meantime: read, never changed, but for last_used_at (a time noted).
+_checked: dict[str, _Checked] = {}
+_clock = time.monotonic  # the bound's clock; a test moves it on
 
 
 class TokenRefused(ServiceError):
@@ -98,7 +127,23 @@ def api_token_for(secret: str) -> ApiToken | None:
 
 def api_token_authenticate(secret: str, *, now: datetime | None = None) -> ApiToken:
     """The live token of a usable user whose secret this is, its use noted; otherwise
-    :class:`TokenRefused` saying why."""
+    :class:`TokenRefused` saying why. A check that passed is kept for
+    :data:`TOKEN_CHECK_SECONDS` (see the module)."""
+    digest = api_token_digest(secret) if secret and len(secret) <= MAX_TOKEN_LENGTH else ""
+    at = _clock()
+    kept = _checked.get(digest)
+    if kept is not None and at < kept.until:
+        token = kept.token
+    else:
+        token = _check(secret)
+        if len(_checked) >= _CHECKS_KEPT:
+            _checked.clear()  # rare: the checks are made again as they come
+        _checked[digest] = _Checked(token, at + TOKEN_CHECK_SECONDS)
+    api_token_mark_used(token, now=now)
+    return token
+
+
+def _check(secret: str) -> ApiToken:
     token = api_token_for(secret)
     if token is None:
         raise TokenRefused("the token is not valid")
@@ -106,8 +151,22 @@ def api_token_authenticate(secret: str, *, now: datetime | None = None) -> ApiTo
         raise TokenRefused("the token has been revoked")
     if not token.user.is_active:
         raise TokenRefused("the token's user is deactivated")
-    api_token_mark_used(token, now=now)
     return token
+
+
+def api_token_forget_checks(**_: Any) -> None:
+    """Drop every kept check (a token, a user or their roles changed in this process): the
+    next request of each token is checked against the database again."""
+    _checked.clear()
+
+
+# Saved through the ORM in this process: the kept checks are stale at once. (``update()``
+# sends no signal: the services that revoke call api_token_forget_checks themselves.)
+post_save.connect(api_token_forget_checks, sender=ApiToken, dispatch_uid="token-checks-token")
+post_save.connect(api_token_forget_checks, sender=User, dispatch_uid="token-checks-user")
+m2m_changed.connect(
+    api_token_forget_checks, sender=User.groups.through, dispatch_uid="token-checks-roles"
+)
 
 
 def api_token_mark_used(token: ApiToken, *, now: datetime | None = None) -> None:
@@ -133,6 +192,7 @@ def api_token_revoke(*, username: str, name: str, now: datetime | None = None) -
     username, name = username.strip(), name.strip()
     live = ApiToken.objects.filter(user__username=username, revoked_at__isnull=True)
     if live.filter(name=name).update(revoked_at=now or timezone.now()):
+        api_token_forget_checks()  # this process at once; the others within the bound
         return
     names = sorted(live.values_list("name", flat=True))
     having = ", ".join(repr(n) for n in names) if names else "none"
@@ -145,4 +205,6 @@ def api_token_revoke_all(*, user: User, now: datetime | None = None) -> int:
     The rows stay, ``revoked_at`` set, like any revocation; the user issues new tokens.
     """
     live = ApiToken.objects.filter(user=user, revoked_at__isnull=True)
-    return live.update(revoked_at=now or timezone.now())
+    revoked = live.update(revoked_at=now or timezone.now())
+    api_token_forget_checks()  # this process at once; the others within the bound
+    return revoked

@@ -33,6 +33,12 @@ class LeaseLost(LostRace):
     """Another driver holds the task now (or nobody): this one must not touch it any more."""
 
 
+class AnsweredBefore(Exception):
+    """An attached step's answer could not be stored: its request id was answered before
+    (the request is a retry). The step's transaction must roll back; the stored answer is
+    :meth:`StepStore.answered`'s, read after it."""
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """An attached step's answer, kept under its request id so that a retried request (the
@@ -102,11 +108,20 @@ class StepStore(Protocol):
     def open_step(self, request_id: str | None) -> tuple[Task, Answer | None] | None:
         """Lock the task's row until the caller's transaction ends and read it, with the
         answer stored under ``request_id`` (``None``: none is looked for); ``None`` if
-        there is no such task. An attached step's first statement."""
+        there is no such task. An attached step's first statement. PostgreSQL looks
+        nothing up (the answer is ``None``): a retry is told by its answer's insert
+        conflicting (:class:`AnsweredBefore`), one statement fewer for every request that
+        is not one."""
+        ...
+
+    def answered(self, request_id: str) -> Answer | None:
+        """The answer stored under ``request_id``, if any (after :class:`AnsweredBefore`,
+        or a refusal that a retry may have met)."""
         ...
 
     def remember(self, answer: Answer) -> None:
-        """Store an attached step's ``answer`` when no save carries it."""
+        """Store an attached step's ``answer`` when no save carries it;
+        :class:`AnsweredBefore` when its request id was answered before."""
         ...
 
     def take_lease(self, seconds: float) -> Task | str:
@@ -168,7 +183,8 @@ class StepStore(Protocol):
     def save(self, step: Step, *, record: Record | None = None) -> Saved:
         """Save ``step`` (and make ``record`` with it) in one transaction. If the database
         fails while ``record`` rides on it, the record is tried on its own before the
-        error goes on, so that a verified write is not left for recovery to lose."""
+        error goes on, so that a verified write is not left for recovery to lose.
+        :class:`AnsweredBefore` when ``step.answer``'s request id was answered before."""
         ...
 
     def finish(
@@ -197,6 +213,7 @@ def open_store(task_id: int, owner: str) -> StepStore:
 
 __all__ = [
     "Answer",
+    "AnsweredBefore",
     "LeaseLost",
     "Record",
     "Saved",

@@ -56,17 +56,19 @@ class BaseStore:
         task = Task.objects.select_for_update().filter(id=self.task_id).first()
         if task is None:
             return None
-        prior = None
-        if request_id is not None:
-            row = (
-                StepRequest.objects.filter(task_id=self.task_id, request_id=request_id)
-                .values_list("step", "body_hash", "answer")
-                .first()
-            )
-            prior = None if row is None else Answer(request_id, *row)
-        return task, prior
+        return task, None if request_id is None else self.answered(request_id)
+
+    def answered(self, request_id: str) -> Answer | None:
+        row = (
+            StepRequest.objects.filter(task_id=self.task_id, request_id=request_id)
+            .values_list("step", "body_hash", "answer")
+            .first()
+        )
+        return None if row is None else Answer(request_id, *row)
 
     def remember(self, answer: Answer) -> None:
+        # SQLite: open_step looked the request id up first, in an IMMEDIATE transaction
+        # that holds the database's one write lock, so this insert never conflicts.
         StepRequest.objects.create(
             task_id=self.task_id,
             request_id=answer.request_id,

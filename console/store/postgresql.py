@@ -36,7 +36,7 @@ from django.utils import timezone
 
 from console.lifecycle import entry_of
 from console.models import Operation, Task
-from console.store import Answer, LeaseLost, Record, Saved, Step
+from console.store import Answer, AnsweredBefore, LeaseLost, Record, Saved, Step
 from console.store.base import _CLAIMED_FROM_SQL, _DIMENSIONS, BaseStore, _states
 from console.store.statements import fetch_one
 from guard import Result
@@ -137,24 +137,36 @@ _EVENTS = (
 
 _COUNTERS = ", ".join(f"{name} = %s" for name in (*_DIMENSIONS, "revision"))
 
-# An attached step's answer, stored by the step's save (only if the save found the row).
-_ANSWER = (
-    "answered AS (INSERT INTO console_steprequest (task_id, request_id, step, body_hash,"
-    " answer, at) SELECT %s, %s, %s, %s, %s::jsonb, %s FROM saved)"
+# An attached step's answer, stored by the step's save (only if the save found the row) or
+# on its own. A retried request (its id answered before) is told by this insert conflicting
+# on the unique (task, request_id), not by a lookup before every request: the save's last
+# column (or the lone insert's row) says whether it was stored, and the retry's step, run
+# again, rolls back (AnsweredBefore). The lock serialises a task's requests, so a retry that
+# came while its original ran conflicts with the original's committed row.
+_ANSWER_ROW = (
+    "INSERT INTO console_steprequest (task_id, request_id, step, body_hash, answer, at)"
+    " {source} ON CONFLICT (task_id, request_id) DO NOTHING RETURNING 1"
 )
+_ANSWERED_BY_SAVE = "SELECT %s, %s, %s, %s, %s::jsonb, %s FROM saved"
+_ANSWER = f"answered AS ({_ANSWER_ROW.format(source=_ANSWERED_BY_SAVE)})"
+_REMEMBER = _ANSWER_ROW.format(source="VALUES (%s, %s, %s, %s, %s::jsonb, %s)")
 
 # An attached step's first statement: the task row, locked until the step commits (a Stop,
-# a resumption or another request of the task waits for it). The answer a retried request
-# id was given is read by a statement of its own, after the lock: a statement that waited
-# for the lock sees the row as it is now but any table it joins as it was when it began,
-# so the original request's answer, committed meanwhile, would not be seen.
-_TASK_FIELDS = tuple(Task._meta.concrete_fields)
-_OPEN_STEP = (
-    "SELECT "  # noqa: S608 - column names from the model
-    + ", ".join(str(field.column) for field in _TASK_FIELDS)
-    + " FROM console_task WHERE id = %s FOR UPDATE"
+# a resumption or another request of the task waits for it). Only the columns a step reads:
+# the goal's input (JSON of any size, decoded for nothing) and what the pages show (the
+# agent's name, the detail, the times) are left deferred; a step that read one would send
+# a statement of its own for it (tests/console/api/test_attached_statements.py counts).
+_STEP_UNREAD = frozenset(
+    {"agent", "input", "input_fingerprint", "detail", "created_at", "updated_at",
+     "last_step_at", "finished_at"}
+)  # fmt: skip
+_TASK_FIELDS = tuple(
+    field for field in Task._meta.concrete_fields if field.attname not in _STEP_UNREAD
 )
-# The unique (task, request_id) makes it one row at most.
+_TASK_COLUMNS = ", ".join(str(field.column) for field in _TASK_FIELDS)
+_OPEN_STEP = f"SELECT {_TASK_COLUMNS} FROM console_task WHERE id = %s FOR UPDATE"  # noqa: S608
+# A retry's answer, read once its step has rolled back. The unique (task, request_id)
+# makes it one row at most.
 _ANSWERED = (
     "SELECT step, body_hash, answer FROM console_steprequest WHERE task_id = %s AND request_id = %s"
 )
@@ -183,8 +195,10 @@ def _save_ctes(events: int, checkpoint: bool, durable: bool) -> str:
 @cache
 def _save_sql(events: int, checkpoint: bool, durable: bool, answer: bool = False) -> str:
     ctes = _save_ctes(events, checkpoint, durable)
-    if answer:
+    if answer:  # its third column: whether the answer was stored (not a retry's)
         ctes = f"{ctes}, {_ANSWER}"
+        stored = "EXISTS (SELECT FROM answered)"
+        return f"WITH {ctes} SELECT stopping, lease_owner, {stored} FROM saved"  # noqa: S608
     return f"WITH {ctes} SELECT stopping, lease_owner FROM saved"  # noqa: S608
 
 
@@ -218,6 +232,7 @@ class PostgresStore(BaseStore):
     """:class:`console.store.StepStore` on PostgreSQL."""
 
     def open_step(self, request_id: str | None) -> tuple[Task, Answer | None] | None:
+        # No lookup of request_id: its answer's insert tells a retry (_ANSWER_ROW).
         row = fetch_one(_OPEN_STEP, [self.task_id])
         if row is None:
             return None
@@ -225,14 +240,28 @@ class PostgresStore(BaseStore):
             value if convert is None else convert(value, None, connection)
             for convert, value in zip(_TASK_CONVERTERS, row, strict=True)
         ]
-        task = Task.from_db(connection.alias, _TASK_NAMES, values)
-        if request_id is None:
-            return task, None
-        answered = fetch_one(_ANSWERED, [self.task_id, request_id])
-        if answered is None:
-            return task, None
-        step, body_hash, answer = answered
-        return task, Answer(request_id, step, body_hash, json.loads(answer))
+        return Task.from_db(connection.alias, _TASK_NAMES, values), None
+
+    def answered(self, request_id: str) -> Answer | None:
+        row = fetch_one(_ANSWERED, [self.task_id, request_id])
+        if row is None:
+            return None
+        step, body_hash, answer = row
+        return Answer(request_id, step, body_hash, json.loads(answer))
+
+    def remember(self, answer: Answer) -> None:
+        if fetch_one(_REMEMBER, [*self._answer_params(answer)]) is None:
+            raise AnsweredBefore(f"request {answer.request_id} was answered before")
+
+    def _answer_params(self, answer: Answer) -> tuple[Any, ...]:
+        return (
+            self.task_id,
+            answer.request_id,
+            answer.step,
+            answer.body_hash,
+            json.dumps(answer.answer),
+            timezone.now(),
+        )
 
     def stop_requested(self) -> bool:
         row = fetch_one(_STOP_FACT, [self.task_id])
@@ -320,16 +349,13 @@ class PostgresStore(BaseStore):
             answer = step.answer
             sql = _save_sql(events, checkpoint, step.durable, answer is not None)
             params = self._save_params(step)
-            if answer is not None:
-                params += (
-                    self.task_id,
-                    answer.request_id,
-                    answer.step,
-                    answer.body_hash,
-                    json.dumps(answer.answer),
-                    timezone.now(),
-                )
-            return self._saved(step, fetch_one(sql, params))
+            if answer is None:
+                return self._saved(step, fetch_one(sql, params))
+            row = fetch_one(sql, [*params, *self._answer_params(answer)])
+            saved = self._saved(step, row)
+            if row is not None and not row[2]:  # the answer's insert conflicted: a retry
+                raise AnsweredBefore(f"request {answer.request_id} was answered before")
+            return saved
         params = self._move_params(record.key, record.fingerprint, "record", record.result)
         row = fetch_one(
             _save_with_record_sql(events, checkpoint),

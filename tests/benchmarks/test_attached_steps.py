@@ -43,7 +43,7 @@ def test_its_help_says_what_every_column_and_row_means() -> None:
         "attached / hosted",
     ):
         assert name in done.stdout
-    for option in ("--steps", "--clients", "--quick", "--rounds"):
+    for option in ("--steps", "--clients", "--quick", "--rounds", "--against"):
         assert option in done.stdout
 
 
@@ -68,6 +68,13 @@ def test_a_small_run_prints_every_row_and_every_attached_task_did_its_steps_once
     assert "total CPU " in out and "target <= 2x" in out
     assert re.search(r"^floor: an API request that does nothing .* costs at least [\d.]+ ms wall",
                      out, re.MULTILINE), out  # fmt: skip
+    # Issue 20's two targets, each printed beside its ratio.
+    assert re.search(
+        r"^attached, 1 client: PG CPU attached / hosted [\d.]+x \(.*target <= 1\.5x: (NOT )?met\);"
+        r" attached / floor: wall [\d.]+x \(.*target <= 1\.6x: (NOT )?met\);"
+        r" CPU [\d.]+x \(.*target <= 1\.6x: (NOT )?met\)$",
+        out, re.MULTILINE,
+    ), out  # fmt: skip
     # 1 + 2 + 1 tasks of 6 steps, 3 writes each: each step executed once, each notice once.
     assert (
         "checked: 4 attached tasks COMPLETED/goal_met, executions 24 for 24 steps; "

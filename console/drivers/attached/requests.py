@@ -5,7 +5,9 @@ tool call. Each request is one step of the same ``guard.Guard`` the hosted runne
 over the same step store, in one transaction that holds the task's row:
 
 1. lock the task row (a Stop, a resumption or another request of the task waits for it);
-2. a request id answered before gets its stored answer (a retry never claims twice);
+2. a request id answered before gets its stored answer (a retry never claims twice): on
+   PostgreSQL a retry is told by its answer's insert conflicting (the step it ran again
+   rolls back whole, then the stored answer is read), with no lookup before every request;
 3. take or renew the client's lease (``lifecycle.start_drive``: a lost driver's leftovers
    are settled first, as for a dead worker);
 4. restore the guard from the task's checkpoint, run the one step, save its trace events,
@@ -50,8 +52,8 @@ from console.drivers.ledger import DatabaseLedger
 from console.lifecycle import guard_of, of_this_phase
 from console.models import StepRequest, Task, TaskState
 from console.records.redaction import redact_text
-from console.services import InvalidInput, NotFound
-from console.store import StepStore, open_store
+from console.services import InvalidInput, NotFound, ServiceError
+from console.store import Answer, AnsweredBefore, StepStore, open_store
 from guard import OperationState
 from guard.steps import canonical_json
 
@@ -152,25 +154,45 @@ def attached_step(
     if entry is None:
         raise InvalidInput(f"step must be one of {', '.join(STEPS)}")
     store = open_store(task_id, lease)
-    with transaction.atomic():
-        opened = store.open_step(request_id if entry.kept else None)
-        if opened is None:
-            raise NotFound(f"there is no task {task_id}")
-        task, prior = opened
-        if task.created_by_id != actor.pk:
-            # Only the person whose token started it drives it; to anyone else it is a
-            # task that does not exist (no lease, no state, not even that it is there).
-            raise NotFound(f"there is no task {task_id}")
-        if not task.is_attached:
-            raise ProtocolRefused("not_attached", f"task {task_id} is hosted: workers drive it")
-        if prior is not None:
-            if prior.body_hash != fingerprint:
+    driven = False  # the actor drives this attached task: a stored answer may be theirs
+    try:
+        with transaction.atomic():
+            opened = store.open_step(request_id if entry.kept else None)
+            if opened is None:
+                raise NotFound(f"there is no task {task_id}")
+            task, prior = opened
+            if task.created_by_id != actor.pk:
+                # Only the person whose token started it drives it; to anyone else it is a
+                # task that does not exist (no lease, no state, not even that it is there).
+                raise NotFound(f"there is no task {task_id}")
+            if not task.is_attached:
                 raise ProtocolRefused(
-                    "request_id_reused", f"request {request_id} was another request of this task"
+                    "not_attached", f"task {task_id} is hosted: workers drive it"
                 )
-            return dict(prior.answer)
-        answer = _Answered(request_id, step, fingerprint, entry.kept)
-        return _step(task, store, entry, fields, answer, actor)
+            if prior is not None:
+                return _replayed(prior, request_id, fingerprint)
+            driven = entry.kept
+            answer = _Answered(request_id, step, fingerprint, entry.kept)
+            return _step(task, store, entry, fields, answer, actor)
+    except (AnsweredBefore, ServiceError) as exc:
+        # A retry whose step, run again, met its own answer's row (or was refused on the
+        # way there: its call already run, the task stopped since). The step rolled back
+        # whole; what the request was answered the first time is the answer.
+        if not driven or getattr(exc, "code", "") == "request_id_reused":
+            raise
+        prior = store.answered(request_id)
+        if prior is None:
+            raise
+        return _replayed(prior, request_id, fingerprint)
+
+
+def _replayed(prior: Answer, request_id: str, fingerprint: str) -> dict[str, Any]:
+    """The answer stored for a retried request, if the retry is the same request."""
+    if prior.body_hash != fingerprint:
+        raise ProtocolRefused(
+            "request_id_reused", f"request {request_id} was another request of this task"
+        )
+    return dict(prior.answer)
 
 
 def _step(
