@@ -167,7 +167,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 # more compiling than running (tens to hundreds of ms a query); the console's queries are
 # short, so its connections turn JIT off unless this asks to keep the server's setting.
 LOOPGUARD_DATABASE_JIT = env_bool("LOOPGUARD_DATABASE_JIT", False)
-_POSTGRESQL = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+_POSTGRESQL = DATABASES["default"]["ENGINE"] == POSTGRESQL_ENGINE
 if _POSTGRESQL and not LOOPGUARD_DATABASE_JIT:
     _given = DATABASES["default"].get("OPTIONS")
     _options: dict[str, object] = dict(_given) if isinstance(_given, dict) else {}
