@@ -224,10 +224,6 @@ def probe_redis(url: str) -> Probe:
         client.close()
 
 
-# Django's PostgreSQL backend, and ours over it (settings.POSTGRESQL_ENGINE).
-POSTGRESQL_ENGINES = ("django.db.backends.postgresql", "console.project.database")
-
-
 def _configured(config: ModuleType) -> tuple[dict[str, Any], str]:
     return dict(config.DATABASES["default"]), str(config.CELERY_BROKER_URL)
 
@@ -245,7 +241,7 @@ def choose_shape(options: Options) -> ModuleType:
         return config
     db, broker = _configured(config)
     checks: list[Callable[[], Probe]] = []
-    if db["ENGINE"] in POSTGRESQL_ENGINES:
+    if db["ENGINE"] == "django.db.backends.postgresql":
         checks.append(lambda: probe_postgres(db))
     if urlsplit(broker).scheme in {"redis", "rediss", "unix"}:
         checks.append(lambda: probe_redis(broker))
@@ -688,7 +684,7 @@ def run(options: Options) -> int:
     config = choose_shape(options)
     db, _ = _configured(config)
     created = False
-    if db["ENGINE"] in POSTGRESQL_ENGINES:
+    if db["ENGINE"] == "django.db.backends.postgresql":
         created = create_postgres_database(db)
     prepare_folders(config)
 

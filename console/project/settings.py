@@ -89,24 +89,15 @@ def env_float(name: str, default: float) -> float:
     return value
 
 
-POSTGRESQL_ENGINE = "console.project.database"
-"""The ENGINE of a PostgreSQL ``DATABASE_URL``: Django's backend, checked more cheaply."""
-
-
 def env_database(name: str, default: str) -> dict[str, object]:
     """Read a database URL (postgres://user:pass@host:port/name) into a DATABASES entry."""
     url = env_str(name, default)
     try:
         # Health checks keep a persistent connection from failing the first request after
         # PostgreSQL restarts.
-        database = dict(dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True))
+        return dict(dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True))
     except ValueError as error:
         raise ImproperlyConfigured(f"{name} is not a usable database URL: {error}") from error
-    if database["ENGINE"] == "django.db.backends.postgresql":
-        # Django's, with a health check that asks the socket, not the server (no SELECT 1
-        # before every request's first statement).
-        database["ENGINE"] = POSTGRESQL_ENGINE
-    return database
 
 
 def env_redis_url(name: str, default: str) -> str:
@@ -167,7 +158,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 # more compiling than running (tens to hundreds of ms a query); the console's queries are
 # short, so its connections turn JIT off unless this asks to keep the server's setting.
 LOOPGUARD_DATABASE_JIT = env_bool("LOOPGUARD_DATABASE_JIT", False)
-_POSTGRESQL = DATABASES["default"]["ENGINE"] == POSTGRESQL_ENGINE
+_POSTGRESQL = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 if _POSTGRESQL and not LOOPGUARD_DATABASE_JIT:
     _given = DATABASES["default"].get("OPTIONS")
     _options: dict[str, object] = dict(_given) if isinstance(_given, dict) else {}

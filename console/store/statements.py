@@ -10,12 +10,6 @@ its health check and its broken-transaction check; when something watches the co
 (an ``execute_wrapper``, the query log of ``DEBUG``) the statement goes through Django's
 cursor wrapper instead, so it is seen.
 
-The health check of a kept connection costs no round trip (``console.project.database``):
-a session that died a moment before the request, too recently for its socket to show it,
-is met by the request's first statement, and that statement alone is sent again, on a new
-session. Nothing else of the request was sent on the dead one, so nothing is lost or sent
-twice; an atomic block that had only begun goes on on the new session.
-
 Prepared statements live in the database session. Behind a transaction-pooling
 PgBouncer, enable its ``max_prepared_statements`` (1.21+) or set
 ``LOOPGUARD_PREPARED_STATEMENTS=false``. Elsewhere (SQLite) statements run as usual.
@@ -32,7 +26,7 @@ from typing import Any, Self
 import psycopg
 import psycopg.abc
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
 Params = Sequence[Any] | Mapping[str, Any]
@@ -42,22 +36,7 @@ _NEVER_BY_COUNT = 2**31 - 1
 def fetch_one(sql: str, params: Params) -> tuple[Any, ...] | None:
     """Execute ``sql``, one of the store's fixed texts, and return its first row (None when
     it returns none)."""
-    # The thread's wrapper, looked up once; Any: the backend's attributes are not Django's.
-    db: Any = connections[DEFAULT_DB_ALIAS]
-    try:
-        row = _fetch(db, sql, params)
-    except (OperationalError, InterfaceError):
-        # A kept session that passed its (socket-only) check but was dead all the same,
-        # found by the request's first statement: nothing of the request was on it.
-        if not getattr(db, "kept_unproven", False):
-            raise
-        db.replace_dead_session()
-        row = _fetch(db, sql, params)
-    db.kept_unproven = False  # this request has used the session now
-    return row
-
-
-def _fetch(db: Any, sql: str, params: Params) -> tuple[Any, ...] | None:
+    db = connections[DEFAULT_DB_ALIAS]  # the thread's wrapper, looked up once
     # With DEBUG's query log on, statements go through Django's debug cursor, as made.
     prepared = settings.LOOPGUARD_PREPARED_STATEMENTS and not db.queries_logged
     if db.vendor == "postgresql" and prepared:
@@ -103,9 +82,8 @@ def _cursor() -> CursorWrapper:
         return db.cursor()
     # As Django's own cursors do (CONN_HEALTH_CHECKS): a kept connection the database
     # dropped while it was idle (a restart, pg_terminate_backend) is found dead here, once
-    # per request, and replaced before anything is sent on it. An API request's first
-    # statement comes this way with DEBUG's query log on. Not db.cursor(): that would count
-    # as the request using the session (the backend's kept_unproven).
+    # per request, and replaced before anything is sent on it. Every API request's first
+    # statement (the token's) comes this way with DEBUG's query log on.
     db.close_if_health_check_failed()
     if db.connection is None:
         db.ensure_connection()
