@@ -18,23 +18,16 @@ from console import services
 from console.models import Approval, ApprovalState, Operation, OperationState, Task, TaskState
 from tests.waiting import wait_for
 
-from .test_mcp_gateway import (  # noqa: F401 - the fixtures, used by name
-    Gateway,
-    _no_proxy,
-    db,
-    effects,
-    gateway,
-    in_thread,
-    live,
-    person,
-    stdio_shop,
-    text,
-    token,
-)
+from . import test_mcp_gateway as _gateway
+from .test_mcp_gateway import Gateway, effects, in_thread, live, stdio_shop, text
 
 pytest.importorskip("mcp")
 
-from mcp import Client  # noqa: E402 - after the skip, as the gateway's test does
+from mcp import Client
+
+# The gateway test's fixtures, used here by name.
+_no_proxy, token, person = _gateway._no_proxy, _gateway.token, _gateway.person
+gateway, db = _gateway.gateway, _gateway.db
 
 HELD = {"send_refund": {"key": "refund-{order}", "approval": True}}
 
