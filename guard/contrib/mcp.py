@@ -104,9 +104,9 @@ __all__ = ["ConfigError", "Gateway", "GatewayConfig", "ToolRule", "Upstream", "m
 log = logging.getLogger(__name__)
 
 GATEWAY = "loopguard-mcp-gateway/1"
+"""What the gateway calls itself: to its clients, and in the task's ``client`` field."""
 APPROVAL_POLL_SECONDS = 1.0
 """How often a call held for a person's approval asks the console whether one decided."""
-"""What the gateway calls itself: to its clients, and in the task's ``client`` field."""
 
 _MAX_PAGES = 100  # a server whose tools/list never ends cannot hang the start-up
 
@@ -339,20 +339,22 @@ class Gateway:
         until = time.monotonic() + self.config.approval_wait_seconds
         while True:
             await _blocking(partial(self._come_back, task))
-            guard = task.guard
-            report = None if guard is None else guard.report
-            if report is None and task.seq is not None:
-                log.info("task %s: resumed; sending the held %s again", _id(guard), call.tool)
-                answer = await self._guarded(task.seq, route, call)
-                resent = task.guard.report if task.guard is not None else None
+            guard, seq = task.guard, task.seq
+            if guard is None or seq is None:  # pragma: no cover - a held call has its guard
+                return _error("not run: this session's task is gone.")
+            report = guard.report
+            if report is None:  # resumed: a person approved it (or let the task go on)
+                log.info("task %s: resumed; sending the held %s again", guard.task, call.tool)
+                answer = await self._guarded(seq, route, call)
+                resent = guard.report
                 if resent is not None and resent.reason is Reason.APPROVAL_REJECTED:
                     # Rejected, and the task let go on: the call asked again ends it.
                     return _error(_rejected_text(call.tool, resent))
                 return answer
-            if report is not None and report.reason is Reason.APPROVAL_REJECTED:
+            if report.reason is Reason.APPROVAL_REJECTED:
                 return _error(_rejected_text(call.tool, report))
-            if not _held(guard, call):
-                return _stopped(report) if report is not None else _error("not run.")
+            if not _held(guard, call):  # stopped otherwise meanwhile (an operator's Stop)
+                return _stopped(report)
             if time.monotonic() >= until:
                 return _error(
                     f"not run: {call.tool} waits for a person's approval on the LoopGuard "
@@ -537,10 +539,6 @@ def _rejected_text(tool: str, report: Report) -> str:
         "It was not run and it will not be run; do not ask for it again. Go on without it, "
         "or tell the user what is left undone."
     )
-
-
-def _id(guard: RemoteGuard | None) -> str:
-    return "?" if guard is None else str(guard.task)
 
 
 def _stopped(report: Report) -> types.CallToolResult:

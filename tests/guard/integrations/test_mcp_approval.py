@@ -124,3 +124,28 @@ def test_a_call_nobody_decides_on_is_answered_that_it_waits_and_stays_held(
     task = Task.objects.get()
     assert (task.state, task.reason) == (TaskState.NEEDS_HUMAN, "approval_required")
     assert Approval.objects.get().state == ApprovalState.PENDING
+
+
+@live
+@pytest.mark.slow
+def test_a_call_rejected_with_the_task_let_go_on_is_told_plainly_and_never_runs(
+    gateway: Gateway, db: Path, person: User
+) -> None:
+    def reject(held: Approval) -> None:
+        services.approval_reject(
+            approval_id=held.id, actor=person, reason="not this one", resume=True
+        )
+
+    async def scenario(client: Client) -> Any:
+        async with anyio.create_task_group() as group:
+            group.start_soon(in_thread, _answer_when_held(reject))
+            answered = await client.call_tool("send_refund", {"order": 6})
+        return answered
+
+    answered = gateway.session(_config(db), scenario)
+    said = text(answered)
+    assert answered.is_error and "a person rejected this call to send_refund" in said
+    assert "not this one" in said and "do not ask for it again" in said
+    assert effects(db, "refund") == []
+    task = Task.objects.get()
+    assert (task.phase, task.state, task.reason) == (2, TaskState.PARTIAL, "approval_rejected")
