@@ -42,6 +42,7 @@ from console.models import (
     TASK_MOVES,
     TERMINAL_STATES,
     Approval,
+    ApprovalState,
     AuditAction,
     AuditEntry,
     EventKind,
@@ -57,10 +58,12 @@ from console.models import (
     TraceEvent,
 )
 from console.records.redaction import preview, redact, redact_text
-from guard import Guard, Kind, Limits, Reason, Report, Result, State, Usage
+from guard import Approval as GuardApproval
+from guard import Call, Guard, Kind, Limits, Reason, Report, Result, State, Usage
 from guard import OperationState as EntryState
-from guard.steps import DIMENSIONS, OPERATION_MOVES, SETTLE_MOVES
+from guard.steps import DIMENSIONS, OPERATION_MOVES, SETTLE_MOVES, Effect
 from guard.steps import Operation as Entry
+from guard.steps import fingerprint as call_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +115,42 @@ def guard_of(
         return Guard(limits_of(task), used=used, revision=task.revision, **options)
     saved = {**checkpoint["guard"], "usage": used.to_dict()}
     return Guard.restore(saved, limits_of(task), history=history, **options)
+
+
+def approvals_for(task: Task) -> list[GuardApproval]:
+    """The answers people gave to the call that stopped the phase before this one: they
+    are this phase's to use, once (both drivers' guards take them). An approved call is
+    handed over whole when its stored (redacted) arguments are still the exact call; when
+    the redaction changed them, the model asks for it again and only that exact call
+    matches (an attached client always asks again: its console never runs a call)."""
+    if task.phase < 2:
+        return []
+    rows = Approval.objects.filter(task_id=task.id, phase=task.phase - 1).exclude(
+        state=ApprovalState.PENDING
+    )
+    answers: list[GuardApproval] = []
+    for row in rows:
+        # A rejection that ended the task still binds a later resumption: the model is
+        # told, and asking for that call again ends the task again.
+        approved = row.state == ApprovalState.APPROVED
+        key = row.operation_key or None
+        effect: Effect = "write" if row.effect == "write" else "read"
+        call = Call(row.tool, row.args, effect, key)
+        try:
+            exact = call_fingerprint(row.tool, row.args) == row.fingerprint
+        except Exception:
+            exact = False
+        answers.append(
+            GuardApproval(
+                row.fingerprint,
+                key,
+                approved,
+                call=call if exact else None,
+                reason=row.reason,
+                tool=row.tool,
+            )
+        )
+    return answers
 
 
 def of_this_phase(task: Task) -> bool:

@@ -147,6 +147,24 @@ def attached_tools(tools: Mapping[str, str] | None) -> dict[str, str]:
     return dict(tools)
 
 
+def attached_approval(approval: Any, tools: Mapping[str, str]) -> list[str]:
+    """An attached client's ``approval``: the names of its declared ``tools`` whose every
+    call waits for a person's approval first, checked (absent or null: none)."""
+    if approval is None:
+        return []
+    if not isinstance(approval, list) or not all(isinstance(name, str) for name in approval):
+        raise InvalidInput('approval must be a list of tool names: ["refund"]')
+    if len(approval) > MAX_TOOLS:
+        raise InvalidInput(f"approval names more than {MAX_TOOLS} tools")
+    # Refused rather than ignored: a misspelt name would let its tool's calls run unasked.
+    unknown = [name for name in approval if name not in tools]
+    if unknown:
+        raise InvalidInput(
+            f"approval names {', '.join(map(repr, unknown[:5]))}, not among the declared tools"
+        )
+    return list(dict.fromkeys(approval))
+
+
 def agent_name_problem(name: str) -> str | None:
     """Why ``name`` cannot name an attached agent, or ``None``."""
     if not 0 < len(name) <= MAX_AGENT_CHARS or not set(name) <= _NAME_CHARS:
@@ -164,6 +182,7 @@ def task_start(
     enqueue: Enqueue = _enqueue,
     client: str = "",
     tools: Mapping[str, str] | None = None,
+    approval: Any = None,
 ) -> Task:
     """Create a task and enqueue its first phase, unless the same goal keeps coming back.
 
@@ -172,8 +191,9 @@ def task_start(
     operator instead of running: a per-run budget cannot see an outer trigger loop.
 
     With a ``client`` the task is attached (``console.drivers.attached``): ``agent`` is the name
-    its client gives it, ``tools`` its declared tools, and nothing is enqueued (the client
-    drives it); the console's default limits apply where ``limits`` is silent.
+    its client gives it, ``tools`` its declared tools, ``approval`` the names of those whose
+    calls wait for a person's approval, and nothing is enqueued (the client drives it); the
+    console's default limits apply where ``limits`` is silent.
     """
     input = dict(input or {})
     reason = _optional(reason)
@@ -186,7 +206,11 @@ def task_start(
         # Shown on every page and export of the task, as a reason is: secrets masked.
         client = redact_text(client)
         tools = attached_tools(tools)
+        approval_tools = attached_approval(approval, tools)
     else:
+        if approval is not None:
+            raise InvalidInput("approval is for an attached task: a hosted agent says its own")
+        approval_tools = []
         try:
             cls = agent_class(agent)
         except UnknownAgent as exc:
@@ -242,6 +266,7 @@ def task_start(
             created_by=user,
             client=client,
             tools=dict(tools or {}),
+            approval_tools=approval_tools,
         )
         Phase.objects.create(task=task, number=1, usage_at_start={})
         if held:
@@ -793,6 +818,7 @@ __all__ = [
     "agent_name_problem",
     "approval_approve",
     "approval_reject",
+    "attached_approval",
     "attached_tools",
     "lock_goal",
     "looks_like_a_result",

@@ -774,6 +774,14 @@ ATTACH_TASK = Body("AttachTask", "An attached task to create, driven by the call
         "printable characters",
     ),
     object_input("tools", 'every tool the agent may call: name -> "read" or "write"'),
+    replace(
+        any_input(
+            "approval",
+            "the names of declared tools whose every call waits for a person's approval "
+            "before it runs (optional; each one of tools)",
+        ),
+        schema=nullable({"type": "array", "items": STRING}),
+    ),
     object_input(
         "input", f"the task's goal, stored redacted; at most {KEPT_DEPTH} levels deep", kept=True
     ),

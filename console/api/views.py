@@ -441,6 +441,7 @@ def _attach(call: ApiCall) -> HttpResponse:
         agent=fields["agent"].strip(),
         client=fields["client"].strip(),
         tools=fields["tools"] or {},
+        approval=fields["approval"],
         input=fields["input"],
         limits=fields["limits"],
         reason=fields["reason"].strip() or f"attached through the API with {call.credential}",

@@ -33,9 +33,13 @@ What a call comes to:
 - **A stop** (an operator's Stop, a budget, a repeat) answers that call and every later
   one with a tool error (``isError: true``) that says the task is stopped and why, in words
   that do not invite a retry.
-- **Approval** (``"approval": true``) is not offered to attached tasks by protocol 1
-  (docs/protocol.md, "What it does not cover"): such a call is never run, and is answered
-  with a tool error saying a person's approval is needed and cannot be asked for here.
+- **Approval** (``"approval": true``): the tool is named in the task's ``approval`` at
+  start, so its calls never run before a person approves that exact call on the console.
+  The gateway holds the MCP call meanwhile, asking the console every second, up to
+  ``approval_wait_seconds`` (120 by default): approved, it takes the resumed task, sends
+  the same call again, runs it and answers it; rejected, it answers a tool error saying a
+  person rejected it and why, not to be asked again; still undecided, a tool error saying
+  it waits for a person (the task stays held; the call asked again after a yes runs).
 - A tool error the server itself returns (``isError: true``) is a ``RETRYABLE`` result for
   a read (the model may correct itself, within the repeat limit) and a ``FATAL`` one for a
   write: nothing verifies that it did not take effect, so the write is ``UNKNOWN`` for a
@@ -59,7 +63,8 @@ The configuration (JSON, or TOML by its ``.toml`` suffix)::
       },
       "limits": {"model_calls": 200, "requests": 200, "executions": 150},
       "timeout_seconds": 30,
-      "session_idle_seconds": 1800
+      "session_idle_seconds": 1800,
+      "approval_wait_seconds": 120
     }
 
 It is read and checked by :mod:`guard.contrib.mcp_config` (standard library only).
@@ -89,9 +94,9 @@ from mcp import Client, MCPError, StdioServerParameters
 from mcp.server import Server
 from mcp.server.stdio import stdio_server
 
-from .. import Call, Kind, Nudge, Report, Result, State
+from .. import Call, Kind, Nudge, Reason, Report, Result, State
 from ..remote import ConsoleUnreachable, ProtocolError, RemoteGuard
-from ..steps import Action, Effect, Next, Sequencer, Ticket
+from ..steps import Action, Effect, Next, Sequencer, Ticket, fingerprint
 from .mcp_config import SEPARATOR, ConfigError, GatewayConfig, ToolRule, Upstream
 
 __all__ = ["ConfigError", "Gateway", "GatewayConfig", "ToolRule", "Upstream", "main"]
@@ -100,6 +105,8 @@ log = logging.getLogger(__name__)
 
 GATEWAY = "loopguard-mcp-gateway/1"
 """What the gateway calls itself: to its clients, and in the task's ``client`` field."""
+APPROVAL_POLL_SECONDS = 1.0
+"""How often a call held for a person's approval asks the console whether one decided."""
 
 _MAX_PAGES = 100  # a server whose tools/list never ends cannot hang the start-up
 
@@ -190,8 +197,8 @@ class Gateway:
             self.routes[name] = Route(name, server, tool, effect, rule)
 
     def problems(self) -> list[str]:
-        """What start-up says: each write without an operation key, each tool held for
-        approval, each rule naming no tool."""
+        """What start-up says: each write without an operation key, each rule naming no
+        tool."""
         said = []
         for route in self.routes.values():
             if route.effect == "write" and route.rule.key is None:
@@ -200,14 +207,14 @@ class Gateway:
                     f'calls will be refused; configure "tools": {{"{route.name}": {{"key": '
                     '"...{argument}..."}}, or "effect": "read" if it changes nothing'
                 )
-            if route.rule.approval:
-                said.append(
-                    f"{route.name} needs approval, which the console's protocol 1 does not "
-                    "offer to attached tasks: its calls will be refused"
-                )
         for name in sorted(set(self.config.tools) - set(self.routes)):
             said.append(f"tools.{name} names no tool of any server (known: {sorted(self.routes)})")
         return said
+
+    def needing_approval(self) -> list[str]:
+        """The tools whose calls wait for a person's approval, as the console's start takes
+        them."""
+        return [name for name, route in self.routes.items() if route.rule.approval]
 
     def effects(self) -> dict[str, Effect]:
         """Every tool the task may call, name -> effect, as the console's start takes it."""
@@ -262,14 +269,13 @@ class Gateway:
                 f"not run: the server {route.server!r} closed its connection earlier ({gone}); "
                 "nothing was sent to it. Restart the MCP client to connect to it again."
             )
-        if route.rule.approval:
-            return _error(
-                f"not run: {name} needs a person's approval, and this gateway cannot ask for "
-                "one; do not ask for it again: ask the user to do it themselves."
-            )
+        call = Call(name, args, route.effect, key)
         try:
             seq = await self._sequencer(task, ctx)
-            return await self._guarded(seq, route, Call(name, args, route.effect, key))
+            answer = await self._guarded(seq, route, call)
+            if _held(task.guard, call):
+                return await self._approved_or_not(task, route, call)
+            return answer
         except (ConsoleUnreachable, ProtocolError) as exc:
             log.warning("the console could not be asked about %s: %s", name, exc)
             return _error(f"not run: the LoopGuard console could not be asked ({exc}).")
@@ -291,6 +297,7 @@ class Gateway:
                     input={"mcp_client": client, "servers": [s.name for s in self.config.servers]},
                     limits=dict(self.config.limits) or None,
                     reason="an MCP client's session through the gateway",
+                    approval=self.needing_approval(),
                 )
             )
             task.guard, task.seq = guard, Sequencer(guard, inspect=None)
@@ -299,7 +306,8 @@ class Gateway:
     def _come_back(self, task: _Task) -> None:
         """A stopped task may have been resumed by a person since (a new phase, its budgets
         carried over): if so, drive it again from here with a new lease. Asked at a call
-        after the stop, so a task that stays stopped costs one heartbeat per refused call."""
+        after the stop, so a task that stays stopped costs one heartbeat per refused call.
+        A stop that changed meanwhile (a held call a person rejected) is the one kept."""
         stopped = task.guard
         if stopped is None:
             return
@@ -311,11 +319,50 @@ class Gateway:
         except (ConsoleUnreachable, ProtocolError) as exc:
             log.info("task %s: not taken again (%s)", stopped.task, exc)
             return
-        if again.report is not None:
-            again.close()  # still stopped: the old report stands
-            return
+        now = again.report
+        if now is not None:
+            again.close()  # still stopped: later calls are answered with its report
+            if report is not None and (now.state, now.reason) == (report.state, report.reason):
+                return
         stopped.close()
         task.guard, task.seq = again, Sequencer(again, inspect=None)
+
+    async def _approved_or_not(
+        self, task: _Task, route: Route, call: Call
+    ) -> types.CallToolResult:
+        """The call in hand is held for a person: wait (asking the console every
+        ``APPROVAL_POLL_SECONDS``, up to the configured ``approval_wait_seconds``) until
+        one decides. Approved, the resumed task is taken and the same call sent again: the
+        console admits exactly that call, once. The MCP call stays unanswered meanwhile;
+        the task's lock holds this session's other calls back, as one task's steps have
+        one order."""
+        until = time.monotonic() + self.config.approval_wait_seconds
+        while True:
+            await _blocking(partial(self._come_back, task))
+            guard, seq = task.guard, task.seq
+            if guard is None or seq is None:  # pragma: no cover - a held call has its guard
+                return _error("not run: this session's task is gone.")
+            report = guard.report
+            if report is None:  # resumed: a person approved it (or let the task go on)
+                log.info("task %s: resumed; sending the held %s again", guard.task, call.tool)
+                answer = await self._guarded(seq, route, call)
+                resent = guard.report
+                if resent is not None and resent.reason is Reason.APPROVAL_REJECTED:
+                    # Rejected, and the task let go on: the call asked again ends it.
+                    return _error(_rejected_text(call.tool, resent))
+                return answer
+            if report.reason is Reason.APPROVAL_REJECTED:
+                return _error(_rejected_text(call.tool, report))
+            if not _held(guard, call):  # stopped otherwise meanwhile (an operator's Stop)
+                return _stopped(report)
+            if time.monotonic() >= until:
+                return _error(
+                    f"not run: {call.tool} waits for a person's approval on the LoopGuard "
+                    "console, and nobody has decided yet. It will not run unless a person "
+                    "approves it; tell the user it is waiting for approval, and do not ask "
+                    "for it again until they say it was approved."
+                )
+            await anyio.sleep(APPROVAL_POLL_SECONDS)
 
     async def _guarded(self, seq: Sequencer, route: Route, call: Call) -> types.CallToolResult:
         """One call's steps: the wait its predecessor asked for, the model call (MCP shows
@@ -467,6 +514,30 @@ def stop_text(report: Report) -> str:
     return (
         f"not run: the task is stopped ({why}). No tool will run any more in this task, so "
         "do not ask for this or any other call again; tell the user the task was stopped."
+    )
+
+
+def _held(guard: RemoteGuard | None, call: Call) -> bool:
+    """Whether the task stopped to wait for a person's approval of this very call (the
+    same tool, arguments and operation key: the stop report's ``pending``)."""
+    report = None if guard is None else guard.report
+    if report is None or report.reason is not Reason.APPROVAL_REQUIRED:
+        return False
+    pending = report.pending or {}
+    try:
+        same = pending.get("fingerprint") == fingerprint(call.tool, call.args)
+    except (TypeError, ValueError):
+        return False
+    return same and pending.get("operation_key") == call.operation_key
+
+
+def _rejected_text(tool: str, report: Report) -> str:
+    """A rejection in words a model will not retry: refused by a person, final."""
+    why = report.detail or f"a person rejected the call to {tool}"
+    return (
+        f"not run: a person rejected this call to {tool} on the LoopGuard console ({why}). "
+        "It was not run and it will not be run; do not ask for it again. Go on without it, "
+        "or tell the user what is left undone."
     )
 
 

@@ -78,8 +78,9 @@ class GatewayConfig:
     """The gateway's configuration: the task's ``agent`` name, the upstream ``servers``,
     the per-tool ``tools`` rules (by the name the client sees, ``server__tool`` where
     namespaced), the guard's ``limits`` (the console's defaults fill the rest), the
-    seconds an upstream call may take before its answer counts as lost, and (over HTTP) the
-    seconds a session may go without a call before its task is ended."""
+    seconds an upstream call may take before its answer counts as lost, (over HTTP) the
+    seconds a session may go without a call before its task is ended, and the seconds a
+    call held for a person's approval is waited on before it is answered that it waits."""
 
     servers: tuple[Upstream, ...]
     agent: str = "mcp-gateway"
@@ -87,6 +88,7 @@ class GatewayConfig:
     limits: Mapping[str, Any] = field(default_factory=dict)
     timeout_seconds: float = 60.0
     session_idle_seconds: float = 1800.0
+    approval_wait_seconds: float = 120.0
 
     @classmethod
     def load(cls, path: Path) -> GatewayConfig:
@@ -105,7 +107,15 @@ class GatewayConfig:
     @classmethod
     def parse(cls, raw: Any, *, where: str = "the configuration") -> GatewayConfig:
         """Check a configuration already read; every problem is a :exc:`ConfigError`."""
-        known = {"agent", "servers", "tools", "limits", "timeout_seconds", "session_idle_seconds"}
+        known = {
+            "agent",
+            "servers",
+            "tools",
+            "limits",
+            "timeout_seconds",
+            "session_idle_seconds",
+            "approval_wait_seconds",
+        }
         top = _object(raw, where, known)
         servers_raw = _object(top.get("servers"), f"{where}: servers", None)
         if not servers_raw:
@@ -119,7 +129,8 @@ class GatewayConfig:
         limits = _object(top.get("limits", {}), f"{where}: limits", None)
         timeout = _seconds(top, "timeout_seconds", 60.0, where)
         idle = _seconds(top, "session_idle_seconds", 1800.0, where)
-        return cls(servers, agent, tools, dict(limits), timeout, idle)
+        approval_wait = _seconds(top, "approval_wait_seconds", 120.0, where)
+        return cls(servers, agent, tools, dict(limits), timeout, idle, approval_wait)
 
 
 def _seconds(top: Mapping[str, Any], name: str, default: float, where: str) -> float:

@@ -46,13 +46,16 @@ What it promises:
   same ``start_id``) from a new process takes the task over after its predecessor died at
   any step: it waits out the dead lease, then reports the calls left running — a write
   with what ``lookups[tool]`` (the tool's trusted lookup) finds, which settles it.
+- **Approval is asked at start.** ``RemoteGuard.start(..., approval=["refund"])``: a call
+  to one of those tools stops the task ``NEEDS_HUMAN``/``approval_required`` (its report's
+  ``pending`` the call), and nothing runs; once a person approved it, :meth:`attach`
+  takes the resumed task and the same call proposed again is admitted, once.
 
-What protocol 1 does not offer, and so this client does not either: approval before a call
-(a hosted tool's ``approval=``); a tool's ``lookup`` on its own calls (``before_tool``/
-``after_tool`` accept ``lookup=`` and ignore it: a lookup is asked only about a write a
-lost predecessor left running, above); the summary turn; ``checkpoint``/``restore`` (a
-new process continues a task with :meth:`RemoteGuard.attach`); and an in-process
-``cancel`` (an operator presses Stop on the console).
+What protocol 1 does not offer, and so this client does not either: a tool's ``lookup`` on
+its own calls (``before_tool``/``after_tool`` accept ``lookup=`` and ignore it: a lookup
+is asked only about a write a lost predecessor left running, above); the summary turn;
+``checkpoint``/``restore`` (a new process continues a task with :meth:`RemoteGuard.attach`);
+and an in-process ``cancel`` (an operator presses Stop on the console).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Self, TypedDict, Unpack
 
 from .._settlement import Lookup
@@ -68,6 +68,7 @@ class _Making(_Session):
         limits: Limits | Mapping[str, Any] | None = None,
         reason: str = "",
         start_id: str | None = None,
+        approval: Iterable[str] = (),
         **options: Unpack[_Reaching],
     ) -> Self:
         """Start a new attached task on the console at ``url`` (``POST /api/attached``).
@@ -77,11 +78,14 @@ class _Making(_Session):
         (or a :class:`guard.adapters.ToolSpec`); ``client`` what drives it; ``input`` the
         goal; ``limits`` the guard's limits (a mapping names only the limits it sets, the
         console's defaults fill the rest; a :class:`~guard.Limits` sends every field);
-        ``reason`` goes to the audit log. The other ``options``, all keywords: ``timeout``
-        (seconds, default 10) bounds each attempt, ``retries`` (default 3) how many more
-        attempts a request without an answer gets; ``sleep`` (default ``time.sleep``) waits
-        between them. ``heartbeat=False`` sends no heartbeats. ``lookups`` and ``wait``
-        (default 90 seconds) are :meth:`attach`'s.
+        ``reason`` goes to the audit log; ``approval`` names tools of ``tools`` whose every
+        call waits for a person's approval (the call's step answers the stop
+        ``NEEDS_HUMAN``/``approval_required``, its ``pending`` the call; once approved, the
+        task is taken again with :meth:`attach` and the call proposed again). The other
+        ``options``, all keywords: ``timeout`` (seconds, default 10) bounds each attempt,
+        ``retries`` (default 3) how many more attempts a request without an answer gets;
+        ``sleep`` (default ``time.sleep``) waits between them. ``heartbeat=False`` sends no
+        heartbeats. ``lookups`` and ``wait`` (default 90 seconds) are :meth:`attach`'s.
 
         ``start_id`` names this start (1-100 printable ASCII characters; a job's id, say):
         the console makes at most one task per start id and person, so a start asked again
@@ -116,6 +120,10 @@ class _Making(_Session):
             body["limits"] = _limits(limits)
         if reason:
             body["reason"] = reason
+        if approval:
+            if isinstance(approval, str):  # a lone name would be read letter by letter
+                raise TypeError("approval is a list of tool names, not one name")
+            body["approval"] = list(approval)
         try:
             answer = guard._transport.post("/api/attached", body)
         except ConsoleUnreachable as exc:

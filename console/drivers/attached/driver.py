@@ -9,7 +9,7 @@ task row locked, a retried request answered, the lease taken) in ``requests``.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -30,12 +30,19 @@ from console.drivers.attached.fields import (
 )
 from console.drivers.attached.lost import _audit_settled
 from console.drivers.ledger import DatabaseLedger
-from console.lifecycle import guard_of, limits_of, of_this_phase, operator_stop_detail, usage_of
+from console.lifecycle import (
+    approvals_for,
+    guard_of,
+    limits_of,
+    of_this_phase,
+    operator_stop_detail,
+    usage_of,
+)
 from console.models import StopReport, Task
 from console.records.redaction import redact
 from console.services import InvalidInput, ServiceError
 from console.store import Answer, Step, StepStore
-from guard import Reason, Report, Settlement
+from guard import Call, Reason, Report, Settlement
 from guard.steps import OutOfOrder, Sequencer, Ticket
 
 if TYPE_CHECKING:  # the table's entries name the driver: named for the type only
@@ -81,7 +88,7 @@ class _Answered:
 def _options(task: Task, ledger: DatabaseLedger) -> dict[str, Any]:
     """The guard's options for a step of ``task`` (its row locked for the whole step, so
     the stop fact read with it is current)."""
-    return {
+    options: dict[str, Any] = {
         "now": _wall_ms,
         "wait": _no_wait,
         "ledger": ledger,
@@ -89,6 +96,24 @@ def _options(task: Task, ledger: DatabaseLedger) -> dict[str, Any]:
         "tools": dict(task.tools),
         "transient": _transient,
     }
+    if task.approval_tools:
+        # Only a task that asked for approval has answers to read (one query a step then):
+        # the others' steps stay as they were.
+        options["needs_approval"] = _needing_approval(frozenset(task.approval_tools))
+        options["approvals"] = approvals_for(task)
+    return options
+
+
+def _needing_approval(tools: frozenset[str]) -> Callable[[Call], bool]:
+    """The gate's policy for an attached task: every call to one of ``tools`` waits for a
+    person. An approved call is not run by the console: the client proposes it again in the
+    resumed phase and the gate admits exactly that call, once (``Guard.before_approved`` is
+    never asked here, so nothing is handed out to run unproposed)."""
+
+    def needs(call: Call) -> bool:
+        return call.tool in tools
+
+    return needs
 
 
 def _stopped(task: Task) -> dict[str, Any]:

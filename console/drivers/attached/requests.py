@@ -74,6 +74,7 @@ def attached_start(
     agent: str,
     client: str,
     tools: Mapping[str, str],
+    approval: Any = None,
     input: Mapping[str, Any] | None = None,
     limits: Mapping[str, Any] | None = None,
     reason: str = "",
@@ -115,6 +116,7 @@ def attached_start(
             reason=reason or f"attached by {client}",
             client=client,
             tools=tools,
+            approval=approval,
         )
         if task.is_terminal:  # held for a restart loop before it ran
             answer = _stopped(task)

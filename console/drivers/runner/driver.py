@@ -27,9 +27,7 @@ from console.drivers.runner.recovery import recover_lost
 from console.drivers.runner.saves import NEXT_CALL, Saves, decode
 from console.drivers.runner.tools import ToolStep, transient
 from console.drivers.runner.watch import Heartbeat, StopFact, lease_seconds
-from console.models import Approval as ApprovalRow
 from console.models import (
-    ApprovalState,
     Decision,
     EventKind,
     Operation,
@@ -39,8 +37,8 @@ from console.models import (
 )
 from console.records.logs import task_context
 from console.store import LeaseLost, StepStore, open_store
-from guard import Approval, Call, Finish, Nudge, Reason, Report, Result
-from guard.steps import Effect, Sequencer, Ticket, fingerprint
+from guard import Call, Finish, Nudge, Reason, Report, Result
+from guard.steps import Sequencer, Ticket
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +113,7 @@ class _Driver:
             "tools": {name: tool.effect for name, tool in tools.items()},
             "transient": transient,
             "needs_approval": self.agent.approval_policy(),
-            "approvals": _approvals_for(task),
+            "approvals": lifecycle.approvals_for(task),
         }
         self.fresh = not lifecycle.of_this_phase(task)
         self.guard = lifecycle.guard_of(
@@ -264,41 +262,6 @@ class _Driver:
         if prompt is not None:
             self.model.summarise(prompt, reserve, observation)
         return f"{report.state}/{report.reason}"
-
-
-def _approvals_for(task: Task) -> list[Approval]:
-    """The answers people gave to the call that stopped the phase before this one: they
-    are this phase's to use, once. An approved call is handed over whole when its stored
-    (redacted) arguments are still the exact call; when the redaction changed them, the
-    model asks for it again and only that exact call matches."""
-    if task.phase < 2:
-        return []
-    rows = ApprovalRow.objects.filter(task_id=task.id, phase=task.phase - 1).exclude(
-        state=ApprovalState.PENDING
-    )
-    answers: list[Approval] = []
-    for row in rows:
-        # A rejection that ended the task still binds a later resumption: the model is
-        # told, and asking for that call again ends the task again.
-        approved = row.state == ApprovalState.APPROVED
-        key = row.operation_key or None
-        effect: Effect = "write" if row.effect == "write" else "read"
-        call = Call(row.tool, row.args, effect, key)
-        try:
-            exact = fingerprint(row.tool, row.args) == row.fingerprint
-        except Exception:
-            exact = False
-        answers.append(
-            Approval(
-                row.fingerprint,
-                key,
-                approved,
-                call=call if exact else None,
-                reason=row.reason,
-                tool=row.tool,
-            )
-        )
-    return answers
 
 
 def _monotonic_ms() -> float:

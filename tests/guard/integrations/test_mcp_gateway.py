@@ -487,21 +487,6 @@ def test_over_streamable_http_a_session_gone_quiet_has_its_task_ended(
     assert Task.objects.get().reason == "goal_unverified"
 
 
-@live
-@pytest.mark.slow
-def test_a_tool_that_needs_approval_never_runs(gateway: Gateway, db: Path) -> None:
-    tools = {"send_refund": {"key": "refund-{order}", "approval": True}}
-    config = {"servers": {"shop": stdio_shop(db)}, "tools": tools}
-
-    async def scenario(client: Client) -> types.CallToolResult:
-        return await client.call_tool("send_refund", {"order": 2})
-
-    refused = gateway.session(config, scenario)
-    assert refused.is_error and "needs a person's approval" in text(refused)
-    assert effects(db, "refund") == []
-    assert "send_refund needs approval" in gateway.said()
-
-
 def listening(port: int) -> bool:
     """Whether something accepts connections on ``port`` of this machine."""
     with socket.socket() as probe:

@@ -1,6 +1,7 @@
 """docs/agent-guide.md's "Put an MCP client behind LoopGuard" runs as printed, against a live
 console: its gateway configuration (the shop over stdio, the crm over Streamable HTTP) with
-only the placeholder paths, the crm's port, the console's URL and the token filled in; the
+only the placeholder paths, the crm's port, the console's URL and the token filled in (and
+the wait for an approval nobody gives shortened to a second); the
 desktop client's ``mcpServers`` entry started as a desktop client starts it, with the SDK's
 own client; and the Agents SDK example executed as a module, printing what it promises.
 The shop and the crm count their effects: each refund asked for twice happens once."""
@@ -89,8 +90,9 @@ def setup(
     for placeholder, value in filled.items():
         assert placeholder in raw, placeholder
         raw = raw.replace(json.dumps(placeholder)[1:-1], json.dumps(value)[1:-1])
+    shortened = json.loads(raw) | {"approval_wait_seconds": 1}  # nobody approves here
     config = tmp_path / "gateway.json"
-    config.write_text(raw)
+    config.write_text(json.dumps(shortened))
     for name, value in {
         "LOOPGUARD_URL": str(live_server.url),
         "LOOPGUARD_TOKEN": token,
@@ -127,7 +129,7 @@ def test_the_desktop_clients_entry_runs_the_guides_gateway(setup: dict[str, Any]
     assert text(first) == text(again) == "refund of 10 sent for order 42"
     assert effects(setup["shop_db"], "refund") == [42]
     assert text(found) == "customer a-7: active"
-    assert held.is_error and "needs a person's approval" in text(held)
+    assert held.is_error and "waits for a person's approval" in text(held)
     assert _closed(setup["crm_db"]) == 0
     assert Task.objects.get().agent == "desk-assistant"
 
