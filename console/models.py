@@ -205,7 +205,7 @@ class Task(models.Model):
     tools = models.JSONField(default=dict, blank=True)
     """An attached task's declared tools, name → ``"read"``/``"write"`` (a hosted agent's
     come from its class)."""
-    approval_tools = models.JSONField(default=list, blank=True)
+    approval_tools = models.JSONField(default=list, blank=True, db_default=[])
     """The names of an attached task's declared tools whose every call waits for a person's
     approval (the protocol's ``approval``); empty for a hosted task, whose agent says it."""
     input = models.JSONField(default=dict, blank=True)

@@ -213,3 +213,26 @@ def _runs(client: Client, tool: str, args: dict[str, Any]) -> dict[str, Any]:
     (ticket,) = client.step("tools", calls=[{"tool": tool, "args": args}])["admitted"]
     assert client.step("call", ticket=ticket["ticket"])["action"] == "execute"
     return client.step("result", ticket=ticket["ticket"], result={"kind": "SUCCESS", "data": 1})
+
+
+def test_a_task_written_by_code_from_before_the_field_still_saves_and_asks_for_none(
+    agent: Client,
+) -> None:
+    """Migration 0024 runs while the console's old processes still serve (docs/deployment.md):
+    their inserts do not name ``approval_tools``, and the column's default answers for it."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'console_task'"
+            " AND column_name NOT IN ('id', 'approval_tools') ORDER BY ordinal_position"
+        )
+        columns = ", ".join(f'"{name}"' for (name,) in cursor.fetchall())
+        cursor.execute(
+            f"INSERT INTO console_task ({columns}) SELECT {columns} FROM console_task"  # noqa: S608
+            " WHERE id = %s RETURNING id",
+            [agent.task],
+        )
+        (copied,) = cursor.fetchone()
+    assert Task.objects.get(id=agent.task).approval_tools == ["refund"]
+    assert Task.objects.get(id=copied).approval_tools == []
