@@ -544,7 +544,7 @@ def _list_page[M: Model](
             return ListPage(
                 shown_rows,
                 total,
-            field=field,
+                field=field,
                 newer=str(place_of(shown_rows[0])),
                 older=str(place_of(shown_rows[-1])) if beyond else "",
             )
