@@ -68,7 +68,6 @@ def partitions_ahead() -> list[str]:
     return history.partitions_ahead()
 
 
-
 @shared_task(name="console.tasks.export_trace")  # type: ignore[untyped-decorator]
 def export_trace() -> dict[str, int]:
     """Send the trace events added since the last pass to the OpenTelemetry collector, as
@@ -86,13 +85,14 @@ def archive() -> dict[str, int]:
     run twice: a partition is dropped only once, and one that is gone is not planned)."""
     close_old_connections()
     months = int(settings.LOOPGUARD_ARCHIVE_AFTER_MONTHS)
+    nothing = {"archived": 0, "refused": 0, "kept": 0}
     if months <= 0:
-        return {"archived": 0, "refused": 0, "kept": 0}
+        return nothing
     try:
         outcome = trace_archive.archive(trace_archive.months_before(timezone.now(), months))
     except trace_archive.ArchiveRefused as refused:  # another run holds the lock: tomorrow
         logger.warning("trace archive not run now: %s", refused)
-        return {"archived": 0, "refused": 0, "kept": 0}
+        return nothing
     return {
         "archived": len(outcome.archived),
         "refused": len(outcome.refused),
