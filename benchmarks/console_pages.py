@@ -17,6 +17,11 @@ through the ORM), vacuumed and analysed, and dropped at the end unless ``--keep`
 * one phase per task, a stop report per stopped task, and audit entries for starts, stops,
   settled operations, and 150 actions on the big task.
 
+Before the pages are timed, beat's roll-up (``console/rollups.py``) runs as on a console
+just migrated: its first pass (every stopped task, every stop report, the week's hours) and
+a pass with nothing new are timed, and the dashboard and ``/metrics`` are timed before it
+too (every row read live), so the table ends with both, from the same run.
+
 The dashboard page includes its charts (stops by reason over 24 h and 7 days, tasks started
 and finished per hour, step latency p50/p95 per hour, ages of uncertain writes); its htmx
 poll does not draw them. A table of its own times the charts' queries alone
@@ -448,6 +453,9 @@ class Sample:
         return sum(ms for ms, _ in self.queries)
 
 
+TRANSACTION = frozenset({"BEGIN", "COMMIT", "ROLLBACK"})
+
+
 class Stopwatch:
     """An execute wrapper timing every query (Django's own log rounds to whole ms)."""
 
@@ -486,7 +494,9 @@ def request(client: Client, page: Page) -> Sample:
                 raise SystemExit(f"{page.name}: {page.path} answered {response.status_code}")
             body = bytes(response.content)
         elapsed = (time.perf_counter() - start) * 1000
-    texts = [str(q["sql"]) for q in ctx.captured_queries]
+    # Django logs a transaction's BEGIN and COMMIT too (/metrics reads in one snapshot);
+    # they are no query of the page's and pass no execute wrapper.
+    texts = [str(q["sql"]) for q in ctx.captured_queries if q["sql"] not in TRANSACTION]
     if len(texts) != len(watch.ms):
         raise SystemExit(f"{page.name}: {len(texts)} queries logged, {len(watch.ms)} timed")
     return Sample(elapsed, list(zip(watch.ms, texts, strict=True)), body)
@@ -532,7 +542,10 @@ def measure(client: Client, page: Page, repeat: int) -> Timing:
 
 
 def explain(conn: psycopg.Connection[Any], query: str) -> str:
-    """``EXPLAIN (ANALYZE, BUFFERS)`` of a query Django ran (its parameters already inlined)."""
+    """``EXPLAIN (ANALYZE, BUFFERS)`` of a query Django ran (its parameters already inlined);
+    a statement that reads nothing (``SET TRANSACTION``) has no plan."""
+    if not query.lstrip().upper().startswith(("SELECT", "WITH")):
+        return "(no plan: not a query)"
     with conn.cursor() as cur:
         # The text is a query Django itself just ran on this database, not outside input.
         cur.execute(b"EXPLAIN (ANALYZE, BUFFERS) " + query.encode())
@@ -621,10 +634,56 @@ def trends_table(conn: psycopg.Connection[Any], repeat: int) -> list[str]:
     return lines
 
 
+ROLLED_PAGES = ("dashboard", "metrics")
+"""The pages that read beat's roll-ups (console/rollups.py)."""
+
+
+def rolled_already() -> bool:
+    from console.models import Task
+
+    return Task.objects.filter(rolled=True).exists()
+
+
+def roll_up(conn: psycopg.Connection[Any]) -> list[str]:
+    """Run beat's roll-up as it runs on a console that has just been migrated: the first
+    pass rolls every task that stopped, counts every stop report and the last week's
+    hours; then vacuum (autovacuum would, after so many updated rows) and a pass with
+    nothing new, as beat runs every minute after that."""
+    from console import rollups
+
+    lines = []
+    start, cpu = time.perf_counter(), time.process_time()
+    first = rollups.roll(seconds=3600)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    lines.append(
+        f"roll-ups, first pass: {seconds:.1f} s ({cpu:.1f} s CPU here): {first.tasks:,} tasks"
+        f" ({first.tasks / seconds if seconds else 0:,.0f}/s), {first.stops:,} stop reports,"
+        f" {first.hours} hours"
+    )
+    start = time.perf_counter()
+    conn.execute("VACUUM (ANALYZE) console_task")
+    lines.append(f"vacuum analyze console_task after it: {time.perf_counter() - start:.1f} s")
+    passes = []
+    for _ in range(5):
+        start, cpu = time.perf_counter(), time.process_time()
+        steady = rollups.roll()
+        passes.append(((time.perf_counter() - start) * 1000, (time.process_time() - cpu) * 1000))
+    wall = statistics.median(ms for ms, _ in passes)
+    here = statistics.median(ms for _, ms in passes)
+    lines.append(
+        f"roll-ups, a pass with nothing new (beat's minute), median of 5: {wall:.0f} ms"
+        f" ({here:.0f} ms CPU here; it recounts the last day's hours):"
+        f" {steady.tasks} tasks, {steady.stops} stop reports, {steady.hours} hours"
+    )
+    return lines
+
+
 def _query_name(text: str) -> str:
     """A short name for one of the charts' queries, from what it groups by."""
+    if "console_hourstat" in text:
+        return "step latency of the counted hours"
     if "percentile_cont" in text:
-        return "step latency p50/p95 per hour"
+        return "step latency p50/p95, hours not counted"
     if '"reason"' in text.split("FROM")[0]:
         return "stops by reason (7 d, 24 h) and per hour"
     return "tasks started per hour"
@@ -843,6 +902,14 @@ def run(args: argparse.Namespace, shape: Shape, url: str) -> int:
         pages, described = pages_for(conn, shape)
         print(f"PostgreSQL {version}, database {args.database}: {described}")
         print(generated)
+        # The pages that read beat's roll-ups, as a console without them reads them (every
+        # task, every stop report, the trace's whole week): the baseline, in the same run.
+        baseline = not rolled_already()
+        unrolled = {
+            name: measure(client, pages[name], args.repeat) for name in ROLLED_PAGES if baseline
+        }
+        for line in roll_up(conn):
+            print(line)
         # Other work on the machine shows up in the p95 and max columns: say how busy it was.
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {load}")
@@ -868,6 +935,15 @@ def run(args: argparse.Namespace, shape: Shape, url: str) -> int:
             )
         over = [t.page.name for t in timings if t.p95 > TARGET_MS]
         print(f"pages over target: {', '.join(over) if over else 'none'}")
+        if unrolled:
+            print("\nthe same pages before beat's roll-ups (every row read live), p50 / p95 ms")
+            after = {t.page.name: t for t in timings}
+            for before in unrolled.values():
+                name = before.page.name
+                print(
+                    f"{name:<28} before {percentile(before.ms, 50):>7.1f} / {before.p95:>7.1f}"
+                    f"   after {percentile(after[name].ms, 50):>7.1f} / {after[name].p95:>7.1f}"
+                )
 
         print(f"\nthe dashboard's chart queries (selectors.trends), {args.repeat} runs")
         for line in trends_table(conn, args.repeat):

@@ -34,6 +34,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from console import rollups
 from console.models import (
     APPROVAL_MOVES,
     CLIENT_LOST,
@@ -319,6 +320,8 @@ def _moved(task: Task, move: str, target: str, *, owner: str | None = None, **fi
         condition["reason"] = reason
     if owner is not None:
         condition["lease_owner"] = owner
+    if seen in TERMINAL_STATES:
+        rollups.unroll(task.id)  # out of /metrics' totals before it is anything else
     if Task.objects.filter(**condition).update(state=target, **fields) != 1:
         raise LostRace(f"task {task.id} is no longer {seen}")
 
@@ -801,6 +804,7 @@ def add_summary(task_id: int, phase: int, report: Report, event: Mapping[str, An
         )
         if task is None:
             return False
+        rollups.unroll(task_id)  # its spend changes: out of /metrics' totals first
         Task.objects.filter(id=task_id).update(**counters_of(report.usage, task.revision))
         StopReport.objects.create(
             task_id=task_id,

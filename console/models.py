@@ -125,6 +125,19 @@ UNSETTLED_STATES = frozenset(
 not have happened, and its task may not go on until it is settled."""
 
 
+class Percentile(models.Aggregate):
+    """PostgreSQL's ``percentile_cont(fraction) WITHIN GROUP (ORDER BY expression)``: the
+    step latency chart's p50 and p95 (``console.rollups``, ``console.selectors``)."""
+
+    function = "percentile_cont"
+    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
+    output_field = models.FloatField()
+
+    def __init__(self, expression: str, fraction: float) -> None:
+        # The fraction is written into the SQL: only ever one of our own float constants.
+        super().__init__(expression, fraction=repr(float(fraction)))
+
+
 @models.CharField.register_lookup
 class OneOf(models.Lookup):
     """``field__one_of=words``: the field holds one of a fixed set of words (a state, a
@@ -260,6 +273,10 @@ class Task(models.Model):
     )
     """Where its trace went when its partition was archived (``manage.py archive``);
     ``None`` while the trace is in the database (never archived, or restored)."""
+    rolled = models.BooleanField(default=False, db_default=False)
+    """Its state and spent counters are in :class:`TaskTotal` (``console.rollups``): set by
+    beat a while after it stopped, taken back out (and cleared) before anything changes a
+    rolled task (``console.lifecycle``). ``/metrics`` adds the tasks not rolled to the totals."""
 
     class Meta:
         constraints = [
@@ -321,6 +338,9 @@ class Task(models.Model):
             models.Index(fields=["agent"], condition=~Q(client=""), name="task_attached_agent"),
             # Restart-loop detection: the same agent and input inside a window.
             models.Index(fields=["agent", "input_fingerprint", "created_at"], name="task_restarts"),
+            # /metrics' tasks not in TaskTotal yet, and beat's next ones to roll: the queued,
+            # the running, the lately stopped and the resumed, however many tasks there are.
+            models.Index(fields=["id"], condition=Q(rolled=False), name="task_unrolled"),
         ]
 
     def __str__(self) -> str:
@@ -383,11 +403,15 @@ class Task(models.Model):
     @property
     def can_resume(self) -> bool:
         """An approver may open a new phase (``resume``): it stopped short of its goal (not
-        completed), and not for a held call, which its approval's answer resumes.
+        completed), and not for a held call, which its approval's answer resumes; and its
+        trace is in the database (an archived one is restored first: the new phase's events
+        would have no range of their own, and the range could not be restored after them).
 
         Whether a write is still uncertain is a question for its operations, asked apart.
         """
-        return self.allows("resume") and not self.waits_for_approval
+        return (
+            self.allows("resume") and not self.waits_for_approval and self.trace_archive_id is None
+        )
 
     @property
     def waits_for_approval(self) -> bool:
@@ -615,6 +639,8 @@ class StopReport(models.Model):
             # /metrics' stops by state and reason: an index-only scan instead of reading
             # every report's JSON on each scrape.
             models.Index(fields=["state", "reason"], name="stop_report_state_reason"),
+            # /metrics' stops since the last ones beat counted (Rollup.stops): index-only.
+            models.Index(fields=["at"], include=["state", "reason"], name="stop_report_at"),
         ]
 
     def __str__(self) -> str:
@@ -1052,3 +1078,64 @@ class TraceExportTotals(models.Model):
 
     def __str__(self) -> str:
         return f"trace export: {self.exported} exported, {self.failures} failures"
+
+
+# -- roll-ups (console.rollups) ------------------------------------------------------------------
+
+
+class TaskTotal(models.Model):
+    """Rolled tasks (``Task.rolled``) of one agent in one state: how many, and what they
+    spent of each budget of :data:`guard.steps.DIMENSIONS` (``spent``: ``used`` -> total).
+    Beat adds a task once it has stopped a while; ``console.lifecycle`` takes it back out
+    before a resumption, a cancel, a close or a summary turn changes it."""
+
+    agent = models.CharField(max_length=100)
+    state = models.CharField(max_length=20, choices=TaskState)
+    tasks = models.BigIntegerField(default=0)
+    spent = models.JSONField(default=dict)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["agent", "state"], name="task_total_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tasks} {self.state} tasks of {self.agent}"
+
+
+class HourStat(models.Model):
+    """One closed hour of the trace, counted by beat (``console.rollups``): what the
+    dashboard's step latency chart and spend read instead of the hour's events. The last
+    day's hours are counted again on every pass (a step saved late still lands in its hour);
+    older ones are final."""
+
+    hour = models.DateTimeField(unique=True)
+    """The hour's start (UTC)."""
+    steps = models.PositiveIntegerField(default=0)
+    """Model calls and tool requests with a latency."""
+    latency_p50 = models.PositiveIntegerField(null=True, blank=True)
+    """Median latency of those steps (``None``: none, or SQLite, which has no percentiles)."""
+    latency_p95 = models.PositiveIntegerField(null=True, blank=True)
+    spend = models.PositiveBigIntegerField(default=0)
+    """What the hour's model calls cost, in the minor unit of ``LOOPGUARD_CURRENCY``."""
+    counted_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"hour {self.hour:%Y-%m-%d %H}:00: {self.steps} steps"
+
+
+class Rollup(models.Model):
+    """The roll-ups' one row: how far beat has counted the stop reports (``/metrics``'
+    ``loopguard_stops_total``), and, locked, the one roll at a time."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    stops_before = models.DateTimeField(null=True, blank=True)
+    """Every stop report stamped before it is counted in ``stops`` (``None``: none yet)."""
+    stops = models.JSONField(default=dict)
+    """Stop reports by ``"<state> <reason>"``."""
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="rollup_one_row")]
+
+    def __str__(self) -> str:
+        return f"roll-up: stops before {self.stops_before}"

@@ -20,10 +20,8 @@ from django.conf import settings
 from django.core.paginator import Page, Paginator
 from django.db import connection
 from django.db.models import (
-    Aggregate,
     Case,
     Count,
-    FloatField,
     Model,
     OuterRef,
     Q,
@@ -44,10 +42,12 @@ from console.models import (
     ApprovalState,
     AuditAction,
     AuditEntry,
+    HourStat,
     OnReject,
     Operation,
     OperationEvent,
     OperationState,
+    Percentile,
     Phase,
     StopReport,
     Task,
@@ -57,6 +57,7 @@ from console.models import (
     waiting_for_client,
 )
 from console.records.spend import money
+from console.rollups import hour_of
 from guard import Limits, Reason
 from guard.steps import DIMENSIONS, RESUME_CONDITIONS
 
@@ -241,19 +242,55 @@ SPEND_WEEK = timedelta(days=7)
 
 
 def spend(*, now: datetime | None = None) -> Spend:
-    """The spend of today and of the last 7 days in one query, over the week's model
-    calls: only a model call carries a cost (both drivers write it there alone), so the
-    index of costs (``trace_spend``: ``at``, with the cost beside it) answers it without
-    reading the trace itself; the day is a filter of the same pass."""
+    """The spend of today and of the last 7 days: the closed hours beat has counted
+    (``HourStat``, see ``console.rollups``) and the rest (the current hour, an hour with no
+    row yet, a window's first part hour) from the trace in one query. Only a model call
+    carries a cost (both drivers write it there alone), so the index of costs
+    (``trace_spend``: ``at``, with the cost beside it) answers that query from the index."""
     now = now or timezone.now()
     midnight = timezone.localtime(now).replace(hour=0, minute=0, second=0, microsecond=0)
     week_start = now - SPEND_WEEK
-    # Today's midnight always falls inside the week: one pass over the week serves both.
-    sums = TraceEvent.objects.filter(at__gte=week_start, cost__isnull=False).aggregate(
-        today=Sum("cost", filter=Q(at__gte=midnight)),
-        week=Sum("cost", filter=Q(at__gte=week_start)),
+    rolled = _rolled_hours(week_start, now, "spend")
+    # One query for both: a midnight off the hour (a zone at :30) leaves today a part hour
+    # that the week has counted whole.
+    today_live, week_live = _live(midnight, now, rolled), _live(week_start, now, rolled)
+    sums = TraceEvent.objects.filter(today_live | week_live, cost__isnull=False).aggregate(
+        today=Sum("cost", filter=today_live), week=Sum("cost", filter=week_live)
     )
-    return Spend(today=int(sums["today"] or 0), week=int(sums["week"] or 0), at=now)
+    today = sum(n for hour, n in rolled.items() if hour >= midnight)
+    week = sum(rolled.values())
+    return Spend(
+        today=today + int(sums["today"] or 0), week=week + int(sums["week"] or 0), at=now
+    )
+
+
+def _rolled_hours(since: datetime, now: datetime, column: str) -> dict[datetime, Any]:
+    """``column`` of every closed hour wholly in ``[since, now)`` that beat has counted
+    (``HourStat``), by hour."""
+    first = hour_of(since) + (timedelta(hours=1) if hour_of(since) < since else timedelta())
+    return dict(
+        HourStat.objects.filter(hour__gte=first, hour__lt=hour_of(now)).values_list(
+            "hour", column
+        )
+    )
+
+
+def _live(since: datetime, now: datetime, rolled: Collection[datetime]) -> Q:
+    """The part of ``[since, now)`` that the ``rolled`` hours leave to the trace: a Q over
+    trace events' ``at``, as a few ranges (each one an index range scan)."""
+    ranges = Q(pk__in=[])
+    start = since
+    hour = hour_of(since)
+    while hour <= now:
+        end = hour + timedelta(hours=1)
+        if hour in rolled and hour >= since:
+            if start < hour:
+                ranges |= Q(at__gte=start, at__lt=hour)
+            start = end
+        hour = end
+    if start < now:
+        ranges |= Q(at__gte=start)
+    return ranges
 
 
 # -- tasks -------------------------------------------------------------------------------------
@@ -1246,18 +1283,6 @@ class Trends:
     """Why there is no latency chart, when there cannot be one (SQLite)."""
 
 
-class _Percentile(Aggregate):
-    """PostgreSQL's ``percentile_cont(fraction) WITHIN GROUP (ORDER BY expression)``."""
-
-    function = "percentile_cont"
-    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
-    output_field = FloatField()
-
-    def __init__(self, expression: str, fraction: float) -> None:
-        # The fraction is written into the SQL: only ever one of our own float constants.
-        super().__init__(expression, fraction=repr(float(fraction)))
-
-
 def _stopped_since(since: datetime) -> Q:
     # Finished in the window and not held for a human, or held and still held within it
     # (updated_at is never earlier than finished_at: a hold sets both, later writes move
@@ -1270,11 +1295,12 @@ def _stopped_since(since: datetime) -> Q:
 
 
 def trends(*, now: datetime | None = None) -> Trends:
-    """The dashboard's charts, counted in the database in three queries (``date_trunc``
+    """The dashboard's charts, counted in the database in four queries (``date_trunc``
     per hour, ``percentile_cont`` for latency) over windows the indexes serve, each read
     from the index alone: ``task_created`` for starts, ``task_stopped`` (the stop's time,
-    state, reason) for stops, ``trace_latency`` for latency. SQLite (standalone mode) draws
-    every chart but latency."""
+    state, reason) for stops; for latency, the closed hours beat has counted (``HourStat``,
+    ``console.rollups``) and ``trace_latency`` for the rest (the current hour, or every
+    hour when no beat runs). SQLite (standalone mode) draws every chart but latency."""
     now = now or timezone.now()
     current = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
     hours = [current - timedelta(hours=TREND_HOURS - 1 - i) for i in range(TREND_HOURS)]
@@ -1324,14 +1350,23 @@ def trends(*, now: datetime | None = None) -> Trends:
     p95: list[int | None] = [None] * TREND_HOURS
     note = ""
     if connection.vendor == "postgresql":
+        # The closed hours beat counted (HourStat), the rest from the trace's index.
+        counted = {
+            row.hour: row
+            for row in HourStat.objects.filter(hour__gte=hours[0], hour__lt=current)
+        }
+        for hour, row in counted.items():
+            if (i := index.get(hour)) is not None:
+                p50[i], p95[i] = row.latency_p50, row.latency_p95
+        since = next(hour for hour in hours if hour not in counted)
         for step in (
-            TraceEvent.objects.filter(at__gte=hours[0], latency_ms__isnull=False)
+            TraceEvent.objects.filter(at__gte=since, latency_ms__isnull=False)
             .annotate(hour=TruncHour("at", tzinfo=UTC))
             .values("hour")
-            .annotate(p50=_Percentile("latency_ms", 0.5), p95=_Percentile("latency_ms", 0.95))
+            .annotate(p50=Percentile("latency_ms", 0.5), p95=Percentile("latency_ms", 0.95))
             .order_by()
         ):
-            if (i := index.get(step["hour"])) is not None:
+            if (i := index.get(step["hour"])) is not None and step["hour"] not in counted:
                 p50[i], p95[i] = round(step["p50"]), round(step["p95"])
     else:
         note = "Step latency percentiles need PostgreSQL; this console runs on SQLite."

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
+from console import rollups
 from console.drivers import archive as trace_archive
 from console.drivers import notifications, otel, runner
 from console.store import history
@@ -76,6 +77,16 @@ def export_trace() -> dict[str, int]:
     close_old_connections()
     done = otel.export_pass()
     return {"found": done.found, "exported": done.exported, "failures": done.failures}
+
+
+@shared_task(name="console.tasks.roll_up")  # type: ignore[untyped-decorator]
+def roll_up() -> dict[str, int]:
+    """Roll up what ``/metrics`` and the dashboard would otherwise count over all of history
+    (beat, every minute; safe to run twice at once: a task is held while it is rolled, stop
+    reports are counted under one lock, an hour is written whole)."""
+    close_old_connections()
+    done = rollups.roll()
+    return {"tasks": done.tasks, "stops": done.stops, "hours": done.hours}
 
 
 @shared_task(name="console.tasks.archive")  # type: ignore[untyped-decorator]

@@ -34,8 +34,10 @@ LAYERS: dict[str, int] = {
     "console.agents": 1,
     "console.apps": 1,
     "console.migrations": 1,
-    # One owner per state machine: the task's, an approval's, a notice's moves.
+    # One owner per state machine: the task's, an approval's, a notice's moves; and the
+    # roll-ups a task's moves keep right (beat rolls, lifecycle takes a moving task out).
     "console.lifecycle": 2,
+    "console.rollups": 2,
     # Everything that persists a guard step, one implementation per database, the few
     # statements of the services, and the prepared statements that run the store's texts.
     "console.store": 3,
@@ -71,9 +73,14 @@ ONLY_FROM: dict[str, set[str]] = {
     "console.drivers.runner": {"console.tasks"},
     # Only drivers touch the step store.
     "console.store": {"console.drivers"},
-    # The services' own statements (the token check, the goal lock, the health probe): their
-    # callers only.
-    "console.store.queries": {"console.api.tokens", "console.services", "console.web.health"},
+    # The services' own statements (the token check, the goal lock, the health probe, the
+    # snapshot /metrics reads in): their callers only.
+    "console.store.queries": {
+        "console.api.tokens",
+        "console.services",
+        "console.web.health",
+        "console.web.metrics",
+    },
     # The history tables' partitions: only the beat's task makes them, and the archives
     # read which there are.
     "console.store.history": {"console.tasks", "console.store.archive"},

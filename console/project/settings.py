@@ -626,6 +626,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "console.tasks.notify",
         "schedule": LOOPGUARD_NOTIFY_SECONDS,
     },
+    # Totals of history for /metrics and the dashboard (console/rollups.py).
+    "roll-ups": {
+        "task": "console.tasks.roll_up",
+        "schedule": 60.0,
+    },
     # The trace to OpenTelemetry, behind the steps (does nothing without an endpoint).
     "export-trace": {
         "task": "console.tasks.export_trace",

@@ -1,22 +1,27 @@
 """The statements the services run that are no guard step's: the API token check, the lock
-that serialises the starts of one goal, and the probe of the health check.
+that serialises the starts of one goal, the probe of the health check, and the snapshot
+``/metrics`` reads its rolled and live rows in.
 
 Like the step store's, each function takes values and returns values, and its SQL stays
 here, one variant per database where they differ (PostgreSQL; SQLite in standalone mode).
 Only the modules that run them import this one (``tests/test_architecture.py`` keeps the
-door): :mod:`console.api.tokens`, :mod:`console.services` and :mod:`console.web.health`.
+door): :mod:`console.api.tokens`, :mod:`console.services`, :mod:`console.web.health` and
+:mod:`console.web.metrics`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from django.contrib.auth.models import User
-from django.db import connection
+from django.db import connection, transaction
 
 from console.models import ApiToken
 from console.records.roles import Role, remember_roles
 from console.store.statements import fetch_one
 
-__all__ = ["api_token_of", "database_answers", "lock_goal"]
+__all__ = ["api_token_of", "database_answers", "lock_goal", "snapshot"]
 
 
 # Every API request starts here: the token, its user and the user's role names in one
@@ -83,3 +88,22 @@ def database_answers() -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
         return bool(cursor.fetchone() == (1,))
+
+
+@contextmanager
+def snapshot() -> Iterator[None]:
+    """Reads that all see one moment of the database: totals that beat rolls up and the
+    live rows beside them (``console.rollups``) never count a row twice or not at all
+    when a roll commits between two of them.
+
+    PostgreSQL: a read-only ``REPEATABLE READ`` transaction. SQLite: a transaction (its
+    reads see one snapshot from the first). Inside a transaction already, that one's.
+    """
+    if connection.in_atomic_block:
+        yield
+        return
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield

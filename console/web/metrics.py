@@ -1,8 +1,10 @@
 """Prometheus metrics at ``/metrics``, in the text exposition format (version 0.0.4).
 
-Every value is read from the database when Prometheus scrapes, with five aggregate queries,
-whatever the number of tasks. So every web process answers the same, a restart loses
-nothing, and workers need no metrics port of their own. ``prometheus_client`` writes the
+Every value is read from the database when Prometheus scrapes, with a fixed handful of
+queries whatever the number of tasks: what grows with history (tasks, stop reports) is
+rolled up by beat (``console.rollups``) and only the rest is counted here. So every web
+process answers the same, a restart loses nothing, and workers need no metrics port of
+their own. ``prometheus_client`` writes the
 text, from a custom collector on a registry of this module's own: the library's metric
 objects (and its global registry) keep values in process memory, which gunicorn's several
 processes would each hold a part of; the collector keeps nothing between scrapes.
@@ -40,15 +42,19 @@ from console.models import (
     EventKind,
     Operation,
     OperationState,
+    Rollup,
     StopReport,
     Task,
     TaskState,
+    TaskTotal,
     TraceEvent,
     TraceExport,
     TraceExportTotals,
     lease_alive,
     lease_lapsed,
 )
+from console.rollups import stops_key
+from console.store import queries
 from guard import Reason
 from guard.steps import DIMENSIONS, Dimension
 
@@ -110,9 +116,13 @@ class TraceExported:
 
 
 def snapshot() -> Snapshot:
-    """Read the metrics: five aggregate queries, each returning one row per group."""
+    """Read the metrics: a fixed handful of queries, each returning one row per group. The
+    tasks and the stops add beat's roll-ups (``console.rollups``) to what is not rolled yet,
+    both read in one snapshot."""
     now = timezone.now()
-    tasks, tasks_lease_expired, spent = _tasks(now)
+    with queries.snapshot():
+        tasks, tasks_lease_expired, spent = _tasks(now)
+        stops = _stops()
     unknown, in_flight, stranded = _operations(now)
     return Snapshot(
         tasks=tasks,
@@ -121,19 +131,31 @@ def snapshot() -> Snapshot:
         operations_unknown=unknown,
         operations_in_flight=in_flight,
         operations_in_flight_lease_expired=stranded,
-        stops=_stops(),
+        stops=stops,
         latency=_latency(now - LATENCY_WINDOW),
         trace_export=_trace_export(),
     )
 
 
 def _tasks(now: datetime) -> tuple[dict[str, int], int, dict[str, dict[str, int]]]:
-    """Tasks by state, running ones with an expired lease, and budgets spent by agent."""
+    """Tasks by state, running ones with an expired lease, and budgets spent by agent: the
+    rolled tasks' totals, and the tasks not rolled (``task_unrolled``: the queued, the
+    running, the lately stopped) counted here."""
     tasks = dict.fromkeys(TaskState.values, 0)
     spent: dict[str, dict[str, int]] = {dim.used: {} for dim in SPENT}
+
+    def add(agent: str, state: str, n: int, used: Mapping[str, Any]) -> None:
+        tasks[state] = tasks.get(state, 0) + n
+        for dim in SPENT:
+            by_agent = spent[dim.used]
+            by_agent[agent] = by_agent.get(agent, 0) + int(used.get(dim.used) or 0)
+
+    for total in TaskTotal.objects.all():
+        add(total.agent, total.state, total.tasks, total.spent)
     expired = 0
     rows: Iterable[Mapping[str, Any]] = (
-        Task.objects.values("agent", "state")
+        Task.objects.filter(rolled=False)
+        .values("agent", "state")
         .annotate(
             n=Count("id"),
             expired=Count("id", filter=lease_lapsed(now)),
@@ -142,11 +164,8 @@ def _tasks(now: datetime) -> tuple[dict[str, int], int, dict[str, dict[str, int]
         .order_by()
     )
     for row in rows:
-        tasks[row["state"]] = tasks.get(row["state"], 0) + row["n"]
+        add(row["agent"], row["state"], row["n"], row)
         expired += row["expired"]
-        for dim in SPENT:
-            by_agent = spent[dim.used]
-            by_agent[row["agent"]] = by_agent.get(row["agent"], 0) + int(row[dim.used] or 0)
     return tasks, expired, spent
 
 
@@ -166,10 +185,21 @@ def _operations(now: datetime) -> tuple[int, int, int]:
 
 
 def _stops() -> dict[tuple[str, str], int]:
-    """Stop reports (one per stopped phase) by state and reason; history, so only grows."""
-    # COUNT(*), not of ids: the index stop_report_state_reason answers it alone.
-    rows = StopReport.objects.values("state", "reason").annotate(n=Count("*")).order_by()
-    return {(row["state"], row["reason"]): row["n"] for row in rows}
+    """Stop reports (one per stopped phase) by state and reason; history, so only grows:
+    those beat counted (``Rollup.stops``) and the ones stamped since."""
+    stops: dict[tuple[str, str], int] = {}
+    mark = Rollup.objects.filter(id=1).first()
+    reports = StopReport.objects.all()
+    if mark is not None and mark.stops_before is not None:
+        for key, n in mark.stops.items():
+            stops[stops_key(key)] = int(n)
+        reports = reports.filter(at__gte=mark.stops_before)
+    # COUNT(*), not of ids: the index stop_report_at (or stop_report_state_reason, for a
+    # database beat has not counted yet) answers it alone.
+    for row in reports.values("state", "reason").annotate(n=Count("*")).order_by():
+        key = (row["state"], row["reason"])
+        stops[key] = stops.get(key, 0) + row["n"]
+    return stops
 
 
 def _latency(since: datetime) -> dict[str, Latency]:

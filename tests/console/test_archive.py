@@ -28,6 +28,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from pytest_django import Settings
 
+from console import services
 from console import tasks as beat_tasks
 from console.drivers import archive as trace_archive
 from console.drivers.archive import ArchiveRefused
@@ -607,6 +608,36 @@ def test_a_task_resumed_after_the_plan_keeps_its_range(
     assert ranges.name in _names() and task.events.count() == 3
     assert Task.objects.get(id=task.id).trace_archive_id is None
     assert not TraceArchive.objects.exists()
+
+
+def test_a_task_whose_trace_is_archived_resumes_only_once_its_trace_is_back(
+    ranges: Ranges, checked: Callable[[], None], tmp_path: Path, django_user_model: type[User]
+) -> None:
+    task = _task(ranges.low + 1, state=TaskState.PARTIAL)
+    ranges.close()
+    checked()
+    trace_archive.archive(_before(), folder=tmp_path)
+    archive = TraceArchive.objects.get()
+    approver = django_user_model.objects.create_user("abe", password="pw-abe")
+    assign(approver, (Role.APPROVER,))
+    browser = Client()
+    browser.force_login(approver)
+
+    assert 'id="resume-archived"' in browser.get(f"/tasks/{task.id}/resume").content.decode()
+    assert "Approve resumption…" not in browser.get(f"/tasks/{task.id}/").content.decode()
+    with pytest.raises(services.Refused, match=re.escape(archive.manifest_path)):
+        services.task_approve_resumption(
+            task_id=task.id, actor=approver, reason="go on", enqueue=lambda _: None
+        )
+    assert Task.objects.get(id=task.id).state == TaskState.PARTIAL
+
+    trace_archive.restore(Path(archive.manifest_path))
+    resumed = services.task_approve_resumption(
+        task_id=task.id, actor=approver, reason="go on", enqueue=lambda _: None
+    )
+
+    assert resumed.state == TaskState.QUEUED and resumed.phase == 2
+    assert task.events.count() == 3  # its history is back in its own range
 
 
 def test_with_the_opentelemetry_export_on_a_range_leaves_only_once_its_trace_is_sent(

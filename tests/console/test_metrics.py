@@ -7,6 +7,7 @@ the endpoint's text is parsed the way a scraper would and compared with what was
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -18,6 +19,7 @@ from django.test import Client
 from django.utils import timezone
 from pytest_django import DjangoAssertNumQueries, Settings
 
+from console import rollups
 from console.models import (
     EventKind,
     Operation,
@@ -121,6 +123,7 @@ def _task(state: str = TaskState.QUEUED, *, agent: str = "paging", **fields: Any
         input_fingerprint="f" * 64,
         state=state,
         reason=fields.pop("reason", "goal_met" if terminal else ""),
+        finished_at=fields.pop("finished_at", timezone.now() if terminal else None),
         **fields,
     )
 
@@ -347,15 +350,23 @@ def test_no_process_holds_a_part_of_the_metrics(scrape: Callable[[], Exposition]
     )
 
 
-def test_it_reads_in_five_queries_however_many_rows(
+def test_it_reads_in_seven_queries_however_many_rows(
     client: Client, django_assert_num_queries: DjangoAssertNumQueries
 ) -> None:
     for n in range(20):
-        task = _task(TaskState.RUNNING, agent=f"agent-{n % 4}")
+        state = TaskState.RUNNING if n % 2 else TaskState.FAILED
+        task = _task(state, agent=f"agent-{n % 4}", reason="fatal" if n % 2 == 0 else "")
         _operation(task, OperationState.UNKNOWN, f"op-{n}")
         _event(task, EventKind.REQUEST, n * 10)
 
-    with django_assert_num_queries(5):
+    later = timezone.now() + 2 * rollups.SETTLE
+    rolled = rollups.roll_tasks(later, until=time.monotonic() + 10)
+    assert rolled == 10  # the failed ones; the running ones are counted as they are
+    _task(TaskState.RUNNING, agent="agent-new")
+
+    # Tasks: their totals and the ones not rolled; stops: the count and those since; the
+    # operations; the latency; the trace's export.
+    with django_assert_num_queries(7):
         response = client.get("/metrics")
 
     assert response.status_code == 200
