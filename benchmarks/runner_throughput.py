@@ -1,7 +1,12 @@
 """Guarded steps per second on PostgreSQL, against a raw loop of the same durability and DBOS.
 
-Run: ``.venv/bin/python benchmarks/runner_throughput.py [--steps N] [--rounds N] [--quick]``
-(``--help`` says what every column and row means).
+Run: ``.venv/bin/python benchmarks/runner_throughput.py [--steps N] [--rounds N] [--quick]
+[--grown DATABASE]`` (``--help`` says what every column and row means).
+
+With ``--grown``, the guarded side also runs (1 worker, in the same rounds) in an existing
+console database of the size a deployment reaches, e.g. the million tasks and ten million
+trace events ``console_pages.py --keep`` leaves: whether the step stays as fast once the
+tables have grown (issue 23: the trace partitioned, the history indexed).
 
 One *step* is one model call and one tool request; steps alternate between reading a desk
 page and sending a desk notice with its own operation key. Every side below does that same
@@ -100,10 +105,11 @@ COLLECTION = "bench"
 MIX_AGENT = "bench_read_write"
 WAIT_AGENT = "bench_waiter"
 GUARDED = "guarded"
+GROWN = "guarded, grown db"
 RAW_STEP_COMMIT = "(a) raw+step commit"
 RAW = "raw, no step commit"
 DBOS = "DBOS"
-SIDES = (GUARDED, RAW_STEP_COMMIT, RAW, DBOS)
+SIDES = (GUARDED, GROWN, RAW_STEP_COMMIT, RAW, DBOS)
 SHORT = {RAW_STEP_COMMIT: "(a)", DBOS: DBOS}
 WORKERS = (1, 2, 4)
 STOP_ROUNDS = 5
@@ -1117,8 +1123,8 @@ def drop(server: str, database: str) -> None:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
 
 
-def prepare(url: str, pages: int, workers: int) -> None:
-    """Seed the pages every side reads and create the raw loops' tables."""
+def seed_pages(url: str, pages: int) -> None:
+    """The desk pages every side reads (those already there are left as they are)."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             """
@@ -1128,9 +1134,16 @@ def prepare(url: str, pages: int, workers: int) -> None:
                 jsonb_build_object('id', %s || '-' || n || '-2', 'line', n * 3 - 1),
                 jsonb_build_object('id', %s || '-' || n || '-3', 'line', n * 3))
             FROM generate_series(1, %s) AS n
+            ON CONFLICT (collection, number) DO NOTHING
             """,
             [COLLECTION, COLLECTION, COLLECTION, COLLECTION, pages],
         )
+
+
+def prepare(url: str, pages: int, workers: int) -> None:
+    """Seed the pages every side reads and create the raw loops' tables."""
+    seed_pages(url, pages)
+    with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             """
             CREATE TABLE bench_progress (id integer PRIMARY KEY, step integer, state jsonb)
@@ -1292,6 +1305,13 @@ def print_report(
         rate = {side: _median([r.rate for r in runs]) for side, runs in by_side.items()}
         cpu = {side: _cpu_ms(runs) for side, runs in by_side.items()}
         parts = []
+        if GROWN in rate:
+            paired = zip(by_side[GROWN], by_side[GUARDED], strict=True)
+            spread = " ".join(f"{g.rate / p.rate:.2f}" for g, p in paired)
+            parts.append(
+                f"guarded in the grown database / in a new one: {rate[GROWN] / rate[GUARDED]:.2f}x"
+                f" (round by round {spread}; the step no slower there: ≥ 1.0x within the noise)"
+            )
         for peer in (RAW_STEP_COMMIT, DBOS):
             if peer in rate:
                 ratio = rate[GUARDED] / rate[peer]
@@ -1374,6 +1394,35 @@ def print_breakdown(log: QueryLog, steps: int) -> None:
 # -- main -----------------------------------------------------------------------------------------
 
 
+def _grown(where: Databases, name: str, steps: int) -> tuple[Pool, ServerStats]:
+    """One worker on the existing database ``name`` (refused unless it is a console database
+    at this checkout's migrations), with the pages its steps read, and its counts."""
+    url = urlunsplit(urlsplit(where.url)._replace(path=f"/{name}"))
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            tasks = conn.execute("SELECT count(*) FROM console_task").fetchone()
+    except psycopg.Error as exc:
+        raise SystemExit(f"--grown {name}: not a console database on this server ({exc})") from exc
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    targets = executor.loader.graph.leaf_nodes()
+    with psycopg.connect(url, autocommit=True) as conn:
+        applied = {
+            (app, migration)
+            for app, migration in conn.execute("SELECT app, name FROM django_migrations")
+        }
+    missing = sorted(
+        f"{app}.{migration}" for app, migration in targets if (app, migration) not in applied
+    )
+    if missing:
+        raise SystemExit(f"--grown {name}: migrate it first (it lacks {', '.join(missing)})")
+    seed_pages(url, max(steps, PROFILE_STEPS) // 2 + 1)
+    print(f"grown database {name}: {tasks[0] if tasks else 0:,} tasks before this run")
+    return Pool(url, None, 1), ServerStats(where.server, name, where.system_name)
+
+
 def main(argv: list[str]) -> int:
     """Create the databases, measure every side and stop latency, print, drop the databases."""
     parser = argparse.ArgumentParser(
@@ -1390,6 +1439,14 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--no-dbos", action="store_true", help="leave the DBOS column out even if installed"
+    )
+    parser.add_argument(
+        "--grown",
+        metavar="DATABASE",
+        help="also run the guarded side (1 worker) in DATABASE, an existing console database"
+        " on the same server, e.g. the million tasks `console_pages.py --keep` leaves: the"
+        " step in a grown database against the step in a new one, in the same rounds (its"
+        " tasks are left there)",
     )
     options = parser.parse_args(argv)
     steps = options.steps if options.steps is not None else (60 if options.quick else 200)
@@ -1420,6 +1477,7 @@ def main(argv: list[str]) -> int:
         install(log)
         stats = ServerStats(where.server, where.name, where.system_name)
         started: list[Pool] = []
+        grown: tuple[Pool, ServerStats] | None = None
         try:
             plain = Pool(where.url, None, max(WORKERS))
             started.append(plain)
@@ -1427,15 +1485,23 @@ def main(argv: list[str]) -> int:
             if with_dbos:
                 pools[DBOS] = Pool(where.url, where.system_url, max(WORKERS))
                 started.append(pools[DBOS])
+            if options.grown:
+                grown = _grown(where, options.grown, steps)
+                started.append(grown[0])
             # Warm every worker up (imports, caches, prepared statements) unmeasured.
             for side, pool in pools.items():
                 pool.run(side, max(WORKERS), 20, stats, measure=False)
+            if grown is not None:
+                grown[0].run(GUARDED, 1, 20, grown[1], measure=False)
             results: dict[int, dict[str, list[Run]]] = {w: {} for w in WORKERS}
             for _ in range(rounds):  # interleaved, so that a noisy spell hits every side
                 for workers in WORKERS:
                     for side, pool in pools.items():
                         run = pool.run(side, workers, steps, stats)
                         results[workers].setdefault(side, []).append(run)
+                    if grown is not None and workers == 1:
+                        run = grown[0].run(GUARDED, 1, steps, grown[1])
+                        results[1].setdefault(GROWN, []).append(run)
             profile_steps = min(steps, PROFILE_STEPS)
             prepare_guarded(where.url, profile_steps, log, attribute=True)()
             stops = stop_latencies(where.url, STOP_ROUNDS)
@@ -1443,6 +1509,8 @@ def main(argv: list[str]) -> int:
             for pool in started:
                 pool.close()
             stats.close()
+            if grown is not None:
+                grown[1].close()
             connections.close_all()
         load = (load_before, os.getloadavg()[0])
         print_report(facts, steps, rounds, results, notes, load)
