@@ -122,6 +122,7 @@ replay of the step's own statements reaches only ~0.73x of (a); its target is th
 COLUMNS = f"""\
 sides (columns):
   {GUARDED:<22}console.drivers.runner.drive over one task per worker, every step persisted
+  {GROWN:<22}(with --grown DATABASE) the same, 1 worker, in that existing database
   {RAW_STEP_COMMIT:<22}the yardstick: bare psycopg, ledger claim + record per write, and
   {"":<22}one synchronous commit of the step per step (same durability)
   {RAW:<22}the same loop without the step commit: not durable, reference only
