@@ -431,9 +431,10 @@ def test_the_task_page_of_an_archived_task_says_where_its_trace_went_and_keeps_i
 
     assert response.status_code == 200
     page = response.content.decode()
-    note = re.search(r'<p id="trace-archived".*?</p>', page, re.DOTALL)
+    note = re.search(r'<div id="trace-archived".*?</div>', page, re.DOTALL)
     assert note is not None
-    assert archive.file_name in note.group() and archive.manifest_path in note.group()
+    assert archive.file_name in note.group() and archive.path in note.group()
+    assert archive.manifest_path in note.group()
     assert "restore_archive" in note.group()
     assert "Nothing has happened yet" not in page
     assert "Stop report" in page and "goal_met" in page  # the report stays
