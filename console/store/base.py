@@ -44,6 +44,10 @@ def _states(move: str) -> str:
 class BaseStore:
     """A step store's shared part; ``next_seq``/``phase`` come from :meth:`take_lease`."""
 
+    carries_moves = False
+    """SQLite's saves run in a transaction holding the database's one write lock: a move
+    made by the save itself would spare no round trip there (PostgreSQL's does)."""
+
     def __init__(self, task_id: int, owner: str) -> None:
         self.task_id = task_id
         self.owner = owner

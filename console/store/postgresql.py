@@ -3,9 +3,10 @@
 Invariant 2 lives in the claim: one ``INSERT … ON CONFLICT … DO UPDATE … WHERE`` under a
 gate on the task row. Of any number of concurrent claims on a fresh key exactly one
 inserts, and a ``NOT_COMMITTED`` entry is taken back by compare-and-set. The gate holds
-the task row (``FOR SHARE``, or the UPDATE of the step's save riding on the claim) so
-that a stop committed by an operator either precedes the claim (and is seen) or waits for
-it (and the execution it allows was decided before the stop).
+the task row (``FOR SHARE``, ``FOR UPDATE`` in an attached step's save, or the UPDATE of
+the step's save riding on the claim) so that a stop committed by an operator either
+precedes the claim (and is seen) or waits for it (and the execution it allows was decided
+before the stop).
 
 A step costs a handful of fixed texts, run as prepared statements (``console.store.statements``):
 
@@ -13,6 +14,9 @@ A step costs a handful of fixed texts, run as prepared statements (``console.sto
   its gate when the driver has one: one round trip, one synchronous commit;
 - the save after the tool, carrying the write's record (``IN_FLIGHT`` → ``COMMITTED``):
   the record commits with its step;
+- an attached step's save, with its answer, and the claim of a fresh key (at a write's
+  entry) or the write's record (after it) that the step assumed (``Step.assumes``): one
+  statement, the save made only with the move (else ``MoveRefused``, nothing saved);
 - other saves, the trace events in the same statement as the counters; a save that the
   next synchronous commit follows before any write runs may skip the wait for the disk
   (``Step.durable=False``: ``synchronous_commit`` off for that transaction only).
@@ -26,7 +30,7 @@ operations by ``updated_at`` whichever path wrote it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -36,7 +40,16 @@ from django.utils import timezone
 
 from console.lifecycle import entry_of
 from console.models import Operation, Task
-from console.store import Answer, AnsweredBefore, LeaseLost, Record, Saved, Step
+from console.store import (
+    Answer,
+    AnsweredBefore,
+    Claiming,
+    LeaseLost,
+    MoveRefused,
+    Record,
+    Saved,
+    Step,
+)
 from console.store.base import _CLAIMED_FROM_SQL, _DIMENSIONS, BaseStore, _states
 from console.store.statements import fetch_one
 from guard import Result
@@ -85,7 +98,7 @@ _GATE = (
 # the tool, so that a write's record commits with its step.
 _MOVE = """moved AS (
     UPDATE console_operation SET state = %s, result = %s::jsonb, updated_at = %s
-    WHERE key = %s AND fingerprint = %s AND state IN ({sources})
+    WHERE key = %s AND fingerprint = %s AND state IN ({sources}){gated}
     RETURNING id, attempts, evidence
 ), history AS (
     INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
@@ -98,7 +111,7 @@ _MOVE = """moved AS (
 # the check before the next model call or execution costs nothing extra.
 _SAVE = """
 UPDATE console_task SET {counters}, next_seq = %s, last_step_at = %s{checkpoint}
-WHERE id = %s AND lease_owner = %s AND state = 'RUNNING'{asynchronous}
+WHERE id = %s AND lease_owner = %s AND state = 'RUNNING'{asynchronous}{assumed}
 RETURNING stop_requested_at IS NOT NULL AS stopping, lease_owner
 """
 _STOP_FACT = "SELECT stop_requested_at IS NOT NULL FROM console_task WHERE id = %s"
@@ -106,6 +119,38 @@ _STOP_FACT = "SELECT stop_requested_at IS NOT NULL FROM console_task WHERE id = 
 # this transaction: the setting is local to it). PostgreSQL writes WAL in order, so the
 # next synchronous commit (every claim, every save after a tool) makes it durable too.
 _ASYNCHRONOUS = "\n    AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
+
+# A save that makes the ledger move its attached step assumed (``Step.assumes``): the task
+# row read first and locked, as the claim's gate does, so that the move is made only from
+# a row this driver still drives (a claim also only while no stop is recorded), then the
+# move, then the save only if the move was made: a move refused leaves nothing saved
+# (``MoveRefused``; the step is run again, asking the ledger first), a lease lost nothing
+# moved. The claim is a fresh key's only (DO NOTHING on any entry): a key claimed before is
+# the ledger's to answer, as the claim statement above does.
+_GATE_FOR_MOVE = (
+    "gate AS (SELECT stop_requested_at IS NOT NULL AS stopping FROM console_task"
+    " WHERE id = %s AND lease_owner = %s AND state = 'RUNNING' FOR UPDATE)"
+)
+_CLAIM_FRESH = f"""claimed AS (
+    INSERT INTO console_operation
+        (key, fingerprint, state, tool, task_id, args_preview, result, attempts, evidence,
+         claimed_at, updated_at)
+    SELECT %s, %s, {_target("claim")}, %s, %s, %s, NULL, 1, '', %s, %s
+    FROM gate WHERE NOT gate.stopping
+    ON CONFLICT (key) DO NOTHING
+    RETURNING id
+), history AS (
+    INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
+                                        evidence)
+    SELECT id, %s, '', {_target("claim")}, %s, '' FROM claimed
+)"""  # noqa: S608 - built from OPERATION_MOVES' fixed words
+_ASSUMED = {
+    "claim": (_CLAIM_FRESH, "claimed"),
+    "record": (
+        _MOVE.format(sources=_states("record"), gated=" AND EXISTS (SELECT FROM gate)"),
+        "moved",
+    ),
+}
 
 # The step's trace events travel as one JSON array, unpacked by the server into rows of
 # console_traceevent: one parameter instead of one per column per event (binding each costs
@@ -177,15 +222,17 @@ _TASK_CONVERTERS = tuple(getattr(field, "from_db_value", None) for field in _TAS
 
 
 @cache
-def _save_ctes(events: int, checkpoint: bool, durable: bool) -> str:
+def _save_ctes(events: int, checkpoint: bool, durable: bool, assumed: str = "") -> str:
     """A save as CTEs: ``saved`` (the counters' UPDATE, returning the stop fact and the
     lease owner) feeding ``added`` (the trace events' INSERT, when there are ``events``),
-    so both happen or neither does, and a lost lease inserts nothing. Every value is a
-    parameter: a handful of texts, each prepared once."""
+    so both happen or neither does, and a lost lease inserts nothing; ``assumed``: the CTE
+    of the move the save is made only with. Every value is a parameter: a handful of
+    texts, each prepared once."""
     save = _SAVE.format(
         counters=_COUNTERS,
         checkpoint=", checkpoint = %s::jsonb" if checkpoint else "",
         asynchronous="" if durable else _ASYNCHRONOUS,
+        assumed=f"\n    AND EXISTS (SELECT FROM {assumed})" if assumed else "",
     ).strip()
     if not events:
         return f"saved AS ({save})"
@@ -193,30 +240,48 @@ def _save_ctes(events: int, checkpoint: bool, durable: bool) -> str:
 
 
 @cache
-def _save_sql(events: int, checkpoint: bool, durable: bool, answer: bool = False) -> str:
-    ctes = _save_ctes(events, checkpoint, durable)
-    if answer:  # its third column: whether the answer was stored (not a retry's)
+def _save_sql(
+    events: int, checkpoint: bool, durable: bool, answer: bool = False, assumes: str = ""
+) -> str:
+    """A save (with the answer: its third column says whether it was stored, not a
+    retry's); ``assumes``, the move its step assumed (``_ASSUMED``): then the row is the
+    gate's, its save's columns NULL when the move was refused."""
+    if not assumes:
+        ctes = _save_ctes(events, checkpoint, durable)
+        if answer:
+            ctes = f"{ctes}, {_ANSWER}"
+            stored = "EXISTS (SELECT FROM answered)"
+            return f"WITH {ctes} SELECT stopping, lease_owner, {stored} FROM saved"  # noqa: S608
+        return f"WITH {ctes} SELECT stopping, lease_owner FROM saved"  # noqa: S608
+    move, made = _ASSUMED[assumes]
+    ctes = f"{_GATE_FOR_MOVE}, {move}, {_save_ctes(events, checkpoint, durable, made)}"
+    columns = "saved.stopping, saved.lease_owner"
+    if answer:
         ctes = f"{ctes}, {_ANSWER}"
-        stored = "EXISTS (SELECT FROM answered)"
-        return f"WITH {ctes} SELECT stopping, lease_owner, {stored} FROM saved"  # noqa: S608
-    return f"WITH {ctes} SELECT stopping, lease_owner FROM saved"  # noqa: S608
+        columns += ", EXISTS (SELECT FROM answered)"
+    return f"WITH {ctes} SELECT {columns} FROM gate LEFT JOIN saved ON true"  # noqa: S608
 
 
 @cache
-def _save_with_record_sql(events: int, checkpoint: bool) -> str:
-    """A save that also makes a write's record; its third column says whether it did."""
-    move = _MOVE.format(sources=_states("record"))
+def _save_with_record_sql(events: int, checkpoint: bool, answer: bool = False) -> str:
+    """A save that also makes a write's record; its third column says whether it did, its
+    fourth (with the ``answer``) whether the answer was stored."""
+    move = _MOVE.format(sources=_states("record"), gated="")
     ctes = _save_ctes(events, checkpoint, True)
+    stored = ""
+    if answer:
+        ctes = f"{ctes}, {_ANSWER}"
+        stored = ", EXISTS (SELECT FROM answered)"
     return (
         f"WITH {move}, {ctes} "  # noqa: S608 - constants only
-        "SELECT saved.stopping, saved.lease_owner, (SELECT count(*) FROM moved) "
+        f"SELECT saved.stopping, saved.lease_owner, (SELECT count(*) FROM moved){stored} "
         "FROM saved"
     )
 
 
 @cache
 def _move_sql(move: str) -> str:
-    ctes = _MOVE.format(sources=_states(move))
+    ctes = _MOVE.format(sources=_states(move), gated="")
     return f"WITH {ctes} SELECT attempts, evidence FROM moved"  # noqa: S608 - constants
 
 
@@ -230,6 +295,8 @@ def _claim_sql(carried_events: int | None, checkpoint: bool = False) -> str:
 
 class PostgresStore(BaseStore):
     """:class:`console.store.StepStore` on PostgreSQL."""
+
+    carries_moves = True
 
     def open_step(self, request_id: str | None) -> tuple[Task, Answer | None] | None:
         # No lookup of request_id: its answer's insert tells a retry (_ANSWER_ROW).
@@ -345,28 +412,58 @@ class PostgresStore(BaseStore):
 
     def _save(self, step: Step, record: Record | None) -> Saved:
         events, checkpoint = min(len(step.events), 1), step.checkpoint is not None
+        answer = step.answer
+        answered = [] if answer is None else self._answer_params(answer)
+        if step.assumes is not None:
+            return self._save_assuming(step, step.assumes, answered)
         if record is None:
-            answer = step.answer
             sql = _save_sql(events, checkpoint, step.durable, answer is not None)
-            params = self._save_params(step)
-            if answer is None:
-                return self._saved(step, fetch_one(sql, params))
-            row = fetch_one(sql, [*params, *self._answer_params(answer)])
+            row = fetch_one(sql, [*self._save_params(step), *answered])
             saved = self._saved(step, row)
-            if row is not None and not row[2]:  # the answer's insert conflicted: a retry
+            if answer is not None and row is not None and not row[2]:
+                # The answer's insert conflicted: a retry.
                 raise AnsweredBefore(f"request {answer.request_id} was answered before")
             return saved
         params = self._move_params(record.key, record.fingerprint, "record", record.result)
         row = fetch_one(
-            _save_with_record_sql(events, checkpoint),
-            [*params, *self._save_params(step)],
+            _save_with_record_sql(events, checkpoint, answer is not None),
+            [*params, *self._save_params(step), *answered],
         )
         failed = None
         if row is not None and row[2] == 0:
             failed = self._why_not(record.key, record.fingerprint, "record")
         saved = self._saved(step, row, failed)
-        if step.answer is not None:
-            self.remember(step.answer)
+        if answer is not None and row is not None and not row[3]:
+            raise AnsweredBefore(f"request {answer.request_id} was answered before")
+        return saved
+
+    def _save_assuming(
+        self, step: Step, move: Claiming | Record, answered: Sequence[Any]
+    ) -> Saved:
+        """The save that makes the move its step assumed, in one statement (``_ASSUMED``)."""
+        now = timezone.now()
+        task = self.task_id
+        if isinstance(move, Claiming):
+            assumes = "claim"
+            made = [move.key, move.fingerprint, move.tool, task, move.args, now, now, now, task]
+        else:
+            assumes = "record"
+            made = self._move_params(move.key, move.fingerprint, "record", move.result)
+        sql = _save_sql(
+            min(len(step.events), 1),
+            step.checkpoint is not None,
+            step.durable,
+            step.answer is not None,
+            assumes,
+        )
+        row = fetch_one(sql, [task, self.owner, *made, *self._save_params(step, now), *answered])
+        if row is None:  # the gate found no row this driver drives: nothing was moved
+            raise LeaseLost(f"task {task} is no longer driven by this driver")
+        if row[1] is None:
+            raise MoveRefused(f"task {task}: the {assumes} of {move.key!r} was not made")
+        saved = self._saved(step, row)
+        if step.answer is not None and not row[2]:
+            raise AnsweredBefore(f"request {step.answer.request_id} was answered before")
         return saved
 
     def _save_params(self, step: Step, now: datetime | None = None) -> list[Any]:

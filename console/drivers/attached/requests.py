@@ -14,6 +14,12 @@ over the same step store, in one transaction that holds the task's row:
    counters and checkpoint (``StepStore.save``), record a stop (``StepStore.finish``);
 5. store the answer under the request id, and commit.
 
+On PostgreSQL a write's claim of a fresh key (at its entry) and its record (after it) are
+assumed made and made by the save itself, one statement fewer (``Step.assumes``); a save
+that cannot make them saves nothing (``MoveRefused``: a key with an entry already, a write
+settled meanwhile), and the step is run once more in a new transaction with the ledger
+asked first.
+
 A write's claim is the store's own gated statement inside that transaction, so it is
 atomic with the stop fact exactly as the runner's; and the client hears ``execute`` only
 after the claim is committed. A failure anywhere rolls the whole step back: the client
@@ -53,7 +59,7 @@ from console.lifecycle import guard_of, of_this_phase
 from console.models import StepRequest, Task, TaskState
 from console.records.redaction import redact_text
 from console.services import InvalidInput, NotFound, ServiceError
-from console.store import Answer, AnsweredBefore, StepStore, open_store
+from console.store import Answer, AnsweredBefore, MoveRefused, StepStore, open_store
 from guard import OperationState
 from guard.steps import canonical_json
 
@@ -157,25 +163,38 @@ def attached_step(
         raise InvalidInput(f"step must be one of {', '.join(STEPS)}")
     store = open_store(task_id, lease)
     driven = False  # the actor drives this attached task: a stored answer may be theirs
+    # A write's ledger move is first assumed made by the step's save (one statement fewer).
+    assume = store.carries_moves
     try:
-        with transaction.atomic():
-            opened = store.open_step(request_id if entry.kept else None)
-            if opened is None:
-                raise NotFound(f"there is no task {task_id}")
-            task, prior = opened
-            if task.created_by_id != actor.pk:
-                # Only the person whose token started it drives it; to anyone else it is a
-                # task that does not exist (no lease, no state, not even that it is there).
-                raise NotFound(f"there is no task {task_id}")
-            if not task.is_attached:
-                raise ProtocolRefused(
-                    "not_attached", f"task {task_id} is hosted: workers drive it"
-                )
-            if prior is not None:
-                return _replayed(prior, request_id, fingerprint)
-            driven = entry.kept
-            answer = _Answered(request_id, step, fingerprint, entry.kept)
-            return _step(task, store, entry, fields, answer, actor)
+        while True:
+            try:
+                with transaction.atomic():
+                    opened = store.open_step(request_id if entry.kept else None)
+                    if opened is None:
+                        raise NotFound(f"there is no task {task_id}")
+                    task, prior = opened
+                    if task.created_by_id != actor.pk:
+                        # Only the person whose token started it drives it; to anyone else
+                        # it is a task that does not exist (no lease, no state, not even
+                        # that it is there).
+                        raise NotFound(f"there is no task {task_id}")
+                    if not task.is_attached:
+                        raise ProtocolRefused(
+                            "not_attached", f"task {task_id} is hosted: workers drive it"
+                        )
+                    if prior is not None:
+                        return _replayed(prior, request_id, fingerprint)
+                    driven = entry.kept
+                    answer = _Answered(request_id, step, fingerprint, entry.kept)
+                    return _step(task, store, entry, fields, answer, actor, assume=assume)
+            except MoveRefused:
+                if not assume:  # pragma: no cover - nothing is assumed then
+                    raise
+                # The save could not make the move the step was decided on (the key was
+                # claimed before, the write settled meanwhile): the step rolled back whole.
+                # Once more, the ledger asked first.
+                assume = False
+                store = open_store(task_id, lease)
     except (AnsweredBefore, ServiceError) as exc:
         # A retry whose step, run again, met its own answer's row (or was refused on the
         # way there: its call already run, the task stopped since). The step rolled back
@@ -204,6 +223,8 @@ def _step(
     fields: Mapping[str, Any],
     answered: _Answered,
     actor: User,
+    *,
+    assume: bool,
 ) -> dict[str, Any]:
     if task.is_terminal:
         if step.name == "result":
@@ -214,7 +235,7 @@ def _step(
     handover = task.lease_owner != store.owner
     if step.kept and _fresh(task, store.owner):  # a heartbeat is there to renew it
         store.go_on(task)  # renewed a moment ago: no statement for it this time
-        return _Driver(task, store, actor=actor).run(step, fields, answered)
+        return _Driver(task, store, actor=actor, assume=assume).run(step, fields, answered)
     taken = store.take_lease(lease_seconds())
     if isinstance(taken, str):
         now = Task.objects.get(id=task.id)
@@ -224,7 +245,8 @@ def _step(
         until = now.lease_alive_until(at)
         left = None if until is None else max(1.0, (until - at).total_seconds())
         raise ProtocolRefused("lease_held", f"task {task.id}: {taken}", retry_after=left)
-    return _Driver(taken, store, actor=actor, handover=handover).run(step, fields, answered)
+    driver = _Driver(taken, store, actor=actor, handover=handover, assume=assume)
+    return driver.run(step, fields, answered)
 
 
 def _remembered(store: StepStore, answer: dict[str, Any], answered: _Answered) -> dict[str, Any]:

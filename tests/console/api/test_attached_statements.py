@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from console.models import Operation, StepRequest, Task
+from console.models import Operation, StepRequest, Task, TraceEvent
 from console.records.roles import Role
 
 from .helpers import Caller
@@ -125,3 +125,104 @@ def test_a_retried_request_that_stopped_the_task_meets_its_own_answer_and_gets_i
     assert any("INSERT INTO console_steprequest" in sql for sql in sent)
     assert LOOKUP in sent[-1]
     assert StepRequest.objects.filter(task_id=started.task, request_id="finish-1").count() == 1
+
+
+# -- a write's ledger move in the save that stores the step's answer ----------------------------
+
+
+REFUND = {"tool": "refund", "args": {"order": 7}, "operation_key": "refund/7"}
+
+
+def test_a_writes_entry_claims_its_key_in_the_save_that_stores_its_answer(
+    started: Client,
+) -> None:
+    started.step("model")
+
+    response, sent = _statements(started, "tools", calls=[REFUND], enter=True)
+
+    assert response.status_code == 200 and response.json()["action"] == "execute"
+    opened, saved = sent
+    assert "FOR UPDATE" in opened
+    assert "INSERT INTO console_operation" in saved and "INSERT INTO console_steprequest" in saved
+    op = Operation.objects.get(key="refund/7")
+    assert (op.state, op.attempts, op.task_id) == ("IN_FLIGHT", 1, started.task)
+    assert list(op.history.values_list("from_state", "to_state")) == [("", "IN_FLIGHT")]
+
+
+def test_a_writes_result_records_it_in_the_save_that_stores_its_answer(started: Client) -> None:
+    started.step("model")
+    started.step("tools", calls=[REFUND], enter=True)
+    result = {"kind": "SUCCESS", "data": {"refund": "r-7"}}
+
+    response, sent = _statements(started, "result", ticket=0, result=result, then="model")
+
+    assert response.status_code == 200 and response.json()["allowed"] is True
+    opened, saved = sent
+    assert "FOR UPDATE" in opened and "console_operation" not in opened
+    assert "UPDATE console_operation" in saved and "INSERT INTO console_steprequest" in saved
+    op = Operation.objects.get(key="refund/7")
+    assert op.state == "COMMITTED" and op.result["data"] == {"refund": "r-7"}
+    assert [h.to_state for h in op.history.order_by("id")] == ["IN_FLIGHT", "COMMITTED"]
+
+
+def test_a_key_claimed_before_is_asked_of_the_ledger_once_the_save_could_not_claim_it(
+    caller: Callable[..., Caller], started: Client
+) -> None:
+    other = Client(caller(Role.AGENT, username="other"))
+    assert other.start(input={"other": True}).status_code == 201
+    other.step("model")
+    assert other.step("tools", calls=[REFUND], enter=True)["action"] == "execute"
+    other.step("result", ticket=0, result={"kind": "SUCCESS", "data": {"refund": "r-7"}})
+    started.step("model")
+    before = Task.objects.get(id=started.task)
+
+    response, sent = _statements(started, "tools", calls=[REFUND], enter=True)
+
+    answer = response.json()
+    assert answer["action"] == "reuse" and answer["result"]["data"] == {"refund": "r-7"}
+    # The save that assumed a fresh key made nothing; the step ran again, the ledger asked.
+    _, assumed, opened, claim, *_, saved = sent
+    assert "INSERT INTO console_operation" in assumed and "FOR UPDATE" in opened
+    assert "INSERT INTO console_operation" in claim and "INSERT INTO console_operation" not in saved
+    assert Operation.objects.get(key="refund/7").attempts == 1
+    task = Task.objects.get(id=started.task)
+    events = TraceEvent.objects.filter(task_id=started.task, seq__gte=before.next_seq)
+    assert events.count() == task.next_seq - before.next_seq == 1  # the model call's, once
+    assert (task.requests, task.executions) == (before.requests + 1, before.executions)
+
+
+def test_a_record_the_save_cannot_make_leaves_it_to_the_ledger_as_before(
+    started: Client,
+) -> None:
+    started.step("model")
+    started.step("tools", calls=[REFUND], enter=True)
+    # Settled meanwhile (a person, from trusted evidence): no longer IN_FLIGHT to record.
+    Operation.objects.filter(key="refund/7").update(state="UNKNOWN")
+    result = {"kind": "SUCCESS", "data": {"refund": "r-7"}}
+
+    response, sent = _statements(started, "result", ticket=0, result=result, then="model")
+
+    stop = response.json()["stop"]
+    assert (stop["state"], stop["reason"]) == ("NEEDS_HUMAN", "unknown_commit")
+    assert "UPDATE console_operation" in sent[1]  # the save that assumed the record
+    op = Operation.objects.get(key="refund/7")
+    assert op.state == "UNKNOWN" and op.result is None
+    requests = TraceEvent.objects.filter(task_id=started.task, kind="request")
+    assert requests.count() == 1  # the result's, once
+
+
+def test_a_record_refused_while_the_stop_report_is_made_stops_the_task_as_the_ledger_says(
+    started: Client,
+) -> None:
+    started.step("model")
+    started.step("tools", calls=[REFUND], enter=True)
+    Operation.objects.filter(key="refund/7").update(state="UNKNOWN")
+    result = {"kind": "SUCCESS", "data": {"refund": "r-7"}}
+    done = {"revision": 1, "done": True, "committed": True}
+
+    # The goal met: the stop report reads the ledger, which makes the assumed record first
+    # and is refused; the report swallows a ledger error, the step must not be saved.
+    stop = started.step("result", ticket=0, result=result, evidence=done)["stop"]
+
+    assert (stop["state"], stop["reason"]) == ("NEEDS_HUMAN", "unknown_commit")
+    assert Operation.objects.get(key="refund/7").state == "UNKNOWN"
