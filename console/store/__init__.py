@@ -39,6 +39,14 @@ class MoveRefused(Exception):
     step was saved; its driver runs it again, asking the ledger first."""
 
 
+class NeedsLock(Exception):
+    """An attached step run on the task row read without its lock
+    (:meth:`StepStore.read_step`) could not be finished so: the row changed before its
+    save, or the step came to something only a step holding the lock may do (a stop, the
+    lease taken, the ledger or the trace read, a write of its own). Nothing was written;
+    the driver runs the step again, holding the row's lock."""
+
+
 class AnsweredBefore(Exception):
     """An attached step's answer could not be stored: its request id was answered before
     (the request is a retry). The step's transaction must roll back; the stored answer is
@@ -138,6 +146,18 @@ class StepStore(Protocol):
         nothing up (the answer is ``None``): a retry is told by its answer's insert
         conflicting (:class:`AnsweredBefore`), one statement fewer for every request that
         is not one."""
+        ...
+
+    def read_step(self, request_id: str) -> tuple[Task, Answer | None, StepStore] | None:
+        """An attached step's first statement when it may run without the row's lock
+        (PostgreSQL): the task row as it is, with the answer stored under ``request_id``,
+        in one snapshot, and the store to run the step with. That store's one write is the
+        step's last save (its answer with it, and the move it assumed), in one statement
+        made only while the row is still at the version read: a compare-and-set on it, no
+        transaction held open; the answer's insert meeting a retry's fails it whole
+        (:class:`AnsweredBefore`). Anything else, or a row changed meanwhile, is
+        :class:`NeedsLock` with nothing written, as is this call where every step takes
+        the lock (SQLite). ``None`` if there is no such task."""
         ...
 
     def answered(self, request_id: str) -> Answer | None:
@@ -245,6 +265,7 @@ __all__ = [
     "Claiming",
     "LeaseLost",
     "MoveRefused",
+    "NeedsLock",
     "Record",
     "Saved",
     "Step",
