@@ -59,7 +59,7 @@ from console.store import (
     StepStore,
 )
 from console.store.base import _CLAIMED_FROM_SQL, _DIMENSIONS, BaseStore, _states
-from console.store.statements import fetch_one
+from console.store.statements import fetch_one, fetch_read
 from guard import Report, Result, Usage
 from guard.steps import CLAIM_ANSWERS, OPERATION_MOVES, Claim, ClaimStatus, LedgerError
 from guard.steps import Operation as Entry
@@ -354,7 +354,8 @@ class PostgresStore(BaseStore):
         return _task_of(row), None
 
     def read_step(self, request_id: str) -> tuple[Task, Answer | None, StepStore] | None:
-        row = fetch_one(_READ_STEP, [request_id, self.task_id])
+        # The request's first statement, a read: the kept session's health check too.
+        row = fetch_read(_READ_STEP, [request_id, self.task_id])
         if row is None:
             return None
         version, *values, step, body_hash, answer = row
