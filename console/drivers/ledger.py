@@ -2,9 +2,11 @@
 
 Invariant 2 is kept by the store's claim (``console.store``): one atomic statement (or
 IMMEDIATE transaction) gated by the task's stop fact and lease. This adapter only speaks
-the guard's protocol, redacts what it stores, and lets its driver do two things with the
-step in progress: ``carry`` it on the next claim (its save rides on the claim), and
-``defer`` the next record so that the save after the tool makes it (:meth:`take_record`).
+the guard's protocol, redacts what it stores, and lets its driver do three things with the
+step in progress: ``carry`` it on the next claim (its save rides on the claim), ``defer``
+the next record so that the save after the tool makes it (:meth:`take_record`), and
+``assume`` the next claim of a fresh key or record made, so that the step's save makes it
+and is made only with it (:meth:`take_assumed`, an attached step's).
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from contextlib import contextmanager
 from django.db import DatabaseError
 
 from console.records.redaction import preview, redact
-from console.store import Record, Step, StepStore, open_store
+from console.store import Claiming, MoveRefused, Record, Step, StepStore, open_store
 from guard import Call, OperationState, Result
-from guard.steps import SETTLE_MOVES, Claim, ClaimStatus, LedgerError
+from guard.steps import OPERATION_MOVES, SETTLE_MOVES, Claim, ClaimStatus, LedgerError
 from guard.steps import Operation as Entry
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,13 @@ class DatabaseLedger:
         """The driver saves right after the next record: let that save make it."""
         self.record_failed: LedgerError | None = None
         """A deferred record made early (the ledger was read first) could not be made."""
+        self.assume = False
+        """Take the next claim (as of a fresh key) or record as made without a statement:
+        the step's save makes it in its own (``Step.assumes``), and is made only with it;
+        refused there, nothing is saved (``MoveRefused``) and the step is run again without
+        assuming. For a store that ``carries_moves`` (an attached step's)."""
+        self._assumed: Claiming | Record | None = None
+        self._refused: MoveRefused | None = None
         self._deferred: Record | None = None
         self._described: dict[str, tuple[str, str]] = {}
         self._claimed: dict[str, tuple[int, str]] = {}  # key: attempts, evidence
@@ -68,6 +77,21 @@ class DatabaseLedger:
         record, self._deferred = self._deferred, None
         return record
 
+    def take_assumed(self) -> Claiming | Record | None:
+        """The move assumed made, for the driver's save to make (``Step.assumes``);
+        :class:`MoveRefused` again once one was refused in this step (the guard may have
+        swallowed it, stopping on a ledger error or reporting without the ledger: that
+        step must not be saved either)."""
+        if self._refused is not None:
+            raise self._refused
+        assumed, self._assumed = self._assumed, None
+        return assumed
+
+    def flush(self) -> None:
+        """Make now whatever is deferred or assumed: before a write of the driver's own
+        that is not the save carrying it (a stop's save, a lone answer)."""
+        self._flush()
+
     # -- guard.Ledger ----------------------------------------------------------------------
 
     def get(self, key: str) -> Entry | None:
@@ -83,6 +107,11 @@ class DatabaseLedger:
     def claim(self, key: str, fingerprint: str) -> Claim:
         self._flush()
         tool, args = self._described.get(key, ("", ""))
+        if self.assume and self.carry is None:
+            # Claimed by the step's save, as a fresh key is: attempt 1, no evidence.
+            self._assumed = Claiming(key, fingerprint, tool, args)
+            entry = Entry(key, fingerprint, OPERATION_MOVES["claim"][1], None, 1, "")
+            return Claim(ClaimStatus.CLAIMED, entry)
         carry, self.carry = self.carry, None  # sent once, whatever happens
         with self._watch():
             claim = self.store.claim(key, fingerprint, tool=tool, args=args, carry=carry)
@@ -93,6 +122,13 @@ class DatabaseLedger:
     def record(self, key: str, fingerprint: str, result: Result) -> Entry:
         stored = redact(result.to_dict())
         claimed = self._claimed.pop(key, None)
+        if self.assume:
+            self._flush()
+            self._assumed = Record(key, fingerprint, stored)
+            # The claim's attempts and evidence stay as they are; a claim made in an
+            # earlier step is not read for them (the guard reads neither).
+            attempts, evidence = claimed or (1, "")
+            return Entry(key, fingerprint, OperationState.COMMITTED, result, attempts, evidence)
         if self.defer and claimed is not None and self._deferred is None:
             # Made by the driver's save that follows, or by _flush() if the ledger is
             # read first.
@@ -128,7 +164,27 @@ class DatabaseLedger:
     # -- helpers ---------------------------------------------------------------------------
 
     def _flush(self) -> None:
-        """Make a deferred record now: before the ledger is read, so reads see it."""
+        """Make a deferred record or an assumed move now: before the ledger is read, so
+        reads see it. An assumed move that cannot be made as assumed (the key was claimed
+        before, the write settled meanwhile) is :class:`MoveRefused`: the step was decided
+        on it, and is run again."""
+        assumed = self.take_assumed()
+        if isinstance(assumed, Claiming):
+            with self._watch():
+                claim = self.store.claim(
+                    assumed.key, assumed.fingerprint, tool=assumed.tool, args=assumed.args
+                )
+            made = claim.operation
+            if claim.status is not ClaimStatus.CLAIMED or made is None or made.attempts != 1:
+                self._refused = MoveRefused(f"{assumed.key!r} was not a fresh key to claim")
+                raise self._refused
+        elif assumed is not None:
+            try:
+                with self._watch():
+                    self.store.settle(assumed.key, assumed.fingerprint, "record", assumed.result)
+            except LedgerError as exc:
+                self._refused = MoveRefused(str(exc))
+                raise self._refused from exc
         record = self.take_record()
         if record is None:
             return

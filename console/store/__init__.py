@@ -33,6 +33,20 @@ class LeaseLost(LostRace):
     """Another driver holds the task now (or nobody): this one must not touch it any more."""
 
 
+class MoveRefused(Exception):
+    """The ledger move a step was decided on (:attr:`Step.assumes`) could not be made with
+    its save: the key was claimed before, the write was settled meanwhile. Nothing of the
+    step was saved; its driver runs it again, asking the ledger first."""
+
+
+class NeedsLock(Exception):
+    """An attached step run on the task row read without its lock
+    (:meth:`StepStore.read_step`) could not be finished so: the row changed before its
+    save, or the step came to something only a step holding the lock may do (a stop, the
+    lease taken, the ledger or the trace read, a write of its own). Nothing was written;
+    the driver runs the step again, holding the row's lock."""
+
+
 class AnsweredBefore(Exception):
     """An attached step's answer could not be stored: its request id was answered before
     (the request is a retry). The step's transaction must roll back; the stored answer is
@@ -52,6 +66,18 @@ class Answer:
     answer: Mapping[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class Claiming:
+    """The claim of a fresh operation key (no entry yet), made by the save of the step
+    that assumed it (:attr:`Step.assumes`); ``tool`` and ``args`` (a redacted preview)
+    describe the operation's row."""
+
+    key: str
+    fingerprint: str
+    tool: str
+    args: str
+
+
 @dataclass(slots=True)
 class Step:
     """What a driver saves after a step: the task's counters as they stand (``usage``,
@@ -63,8 +89,12 @@ class Step:
     ``durable=False`` lets the commit return before it reaches the disk (PostgreSQL):
     only for a save that the next synchronous commit follows before any write runs.
     ``answer``: the attached step's answer, stored with the save (not with a save carried
-    by a claim). ``saved`` is set by the store once the step is committed (also when it
-    rode on a claim that then refused).
+    by a claim). ``assumes``: the ledger move an attached step was decided on without
+    asking the ledger (a fresh key's claim at a write's entry, a write's record after it),
+    made by the save in its own statement, and the save only with it
+    (:class:`MoveRefused` otherwise); only for a store that :attr:`StepStore.carries_moves`.
+    ``saved`` is set by the store once the step is committed (also when it rode on a claim
+    that then refused).
     """
 
     usage: Mapping[str, int]
@@ -73,6 +103,7 @@ class Step:
     checkpoint: Mapping[str, Any] | None = None
     durable: bool = True
     answer: Answer | None = None
+    assumes: Claiming | Record | None = None
     saved: Saved | None = None
 
 
@@ -104,6 +135,9 @@ class StepStore(Protocol):
 
     task_id: int
     owner: str
+    carries_moves: bool
+    """Whether a save makes the ledger move its step assumed (:attr:`Step.assumes`), one
+    statement fewer (PostgreSQL); else a driver asks the ledger first."""
 
     def open_step(self, request_id: str | None) -> tuple[Task, Answer | None] | None:
         """Lock the task's row until the caller's transaction ends and read it, with the
@@ -112,6 +146,18 @@ class StepStore(Protocol):
         nothing up (the answer is ``None``): a retry is told by its answer's insert
         conflicting (:class:`AnsweredBefore`), one statement fewer for every request that
         is not one."""
+        ...
+
+    def read_step(self, request_id: str) -> tuple[Task, Answer | None, StepStore] | None:
+        """An attached step's first statement when it may run without the row's lock
+        (PostgreSQL): the task row as it is, with the answer stored under ``request_id``,
+        in one snapshot, and the store to run the step with. That store's one write is the
+        step's last save (its answer with it, and the move it assumed), in one statement
+        made only while the row is still at the version read: a compare-and-set on it, no
+        transaction held open; the answer's insert meeting a retry's fails it whole
+        (:class:`AnsweredBefore`). Anything else, or a row changed meanwhile, is
+        :class:`NeedsLock` with nothing written, as is this call where every step takes
+        the lock (SQLite). ``None`` if there is no such task."""
         ...
 
     def answered(self, request_id: str) -> Answer | None:
@@ -184,7 +230,9 @@ class StepStore(Protocol):
         """Save ``step`` (and make ``record`` with it) in one transaction. If the database
         fails while ``record`` rides on it, the record is tried on its own before the
         error goes on, so that a verified write is not left for recovery to lose.
-        :class:`AnsweredBefore` when ``step.answer``'s request id was answered before."""
+        :class:`AnsweredBefore` when ``step.answer``'s request id was answered before;
+        :class:`MoveRefused`, with nothing saved, when the move ``step.assumes`` cannot be
+        made."""
         ...
 
     def finish(
@@ -214,7 +262,10 @@ def open_store(task_id: int, owner: str) -> StepStore:
 __all__ = [
     "Answer",
     "AnsweredBefore",
+    "Claiming",
     "LeaseLost",
+    "MoveRefused",
+    "NeedsLock",
     "Record",
     "Saved",
     "Step",

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from console import lifecycle
 from console.models import Decision, EventKind, Operation, StepRequest, Task, TaskState, TraceEvent
-from console.store import Answer, LeaseLost, Record, Saved, Step
+from console.store import Answer, LeaseLost, NeedsLock, Record, Saved, Step, StepStore
 from guard import Kind, Reason, Report, Usage
 from guard.steps import COMPLETED_KEPT, DIMENSIONS, OPERATION_MOVES, LedgerError
 from guard.steps import Operation as Entry
@@ -44,6 +44,10 @@ def _states(move: str) -> str:
 class BaseStore:
     """A step store's shared part; ``next_seq``/``phase`` come from :meth:`take_lease`."""
 
+    carries_moves = False
+    """SQLite's saves run in a transaction holding the database's one write lock: a move
+    made by the save itself would spare no round trip there (PostgreSQL's does)."""
+
     def __init__(self, task_id: int, owner: str) -> None:
         self.task_id = task_id
         self.owner = owner
@@ -57,6 +61,10 @@ class BaseStore:
         if task is None:
             return None
         return task, None if request_id is None else self.answered(request_id)
+
+    def read_step(self, request_id: str) -> tuple[Task, Answer | None, StepStore] | None:
+        # SQLite: its transactions hold the database's one write lock anyway.
+        raise NeedsLock("every step of this store takes the lock")
 
     def answered(self, request_id: str) -> Answer | None:
         row = (

@@ -3,9 +3,10 @@
 Invariant 2 lives in the claim: one ``INSERT … ON CONFLICT … DO UPDATE … WHERE`` under a
 gate on the task row. Of any number of concurrent claims on a fresh key exactly one
 inserts, and a ``NOT_COMMITTED`` entry is taken back by compare-and-set. The gate holds
-the task row (``FOR SHARE``, or the UPDATE of the step's save riding on the claim) so
-that a stop committed by an operator either precedes the claim (and is seen) or waits for
-it (and the execution it allows was decided before the stop).
+the task row (``FOR SHARE``, ``FOR UPDATE`` in an attached step's save, or the UPDATE of
+the step's save riding on the claim) so that a stop committed by an operator either
+precedes the claim (and is seen) or waits for it (and the execution it allows was decided
+before the stop).
 
 A step costs a handful of fixed texts, run as prepared statements (``console.store.statements``):
 
@@ -13,9 +14,16 @@ A step costs a handful of fixed texts, run as prepared statements (``console.sto
   its gate when the driver has one: one round trip, one synchronous commit;
 - the save after the tool, carrying the write's record (``IN_FLIGHT`` → ``COMMITTED``):
   the record commits with its step;
+- an attached step's save, with its answer, and the claim of a fresh key (at a write's
+  entry) or the write's record (after it) that the step assumed (``Step.assumes``): one
+  statement, the save made only with the move (else ``MoveRefused``, nothing saved);
 - other saves, the trace events in the same statement as the counters; a save that the
   next synchronous commit follows before any write runs may skip the wait for the disk
   (``Step.durable=False``: ``synchronous_commit`` off for that transaction only).
+
+An attached step run without the task row's lock (``read_step``) reads the row with its
+version (``xmin``) and the answer stored under its request id in one statement, and saves
+in one more, only while the row is still at that version (:class:`_Unlocked`).
 
 Every operation move goes by ``guard.steps.OPERATION_MOVES``: the WHERE clauses below are
 built from it. Times are the application's clock (``timezone.now()``, a parameter), as on
@@ -26,20 +34,33 @@ operations by ``updated_at`` whichever path wrote it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import cache
 from typing import Any
 
-from django.db import connection
+import psycopg
+from django.db import IntegrityError, connection
+from django.db.models import UniqueConstraint
 from django.utils import timezone
 
 from console.lifecycle import entry_of
-from console.models import Operation, Task
-from console.store import Answer, AnsweredBefore, LeaseLost, Record, Saved, Step
+from console.models import Operation, StepRequest, Task
+from console.store import (
+    Answer,
+    AnsweredBefore,
+    Claiming,
+    LeaseLost,
+    MoveRefused,
+    NeedsLock,
+    Record,
+    Saved,
+    Step,
+    StepStore,
+)
 from console.store.base import _CLAIMED_FROM_SQL, _DIMENSIONS, BaseStore, _states
-from console.store.statements import fetch_one
-from guard import Result
+from console.store.statements import fetch_one, fetch_read
+from guard import Report, Result, Usage
 from guard.steps import CLAIM_ANSWERS, OPERATION_MOVES, Claim, ClaimStatus, LedgerError
 from guard.steps import Operation as Entry
 
@@ -85,7 +106,7 @@ _GATE = (
 # the tool, so that a write's record commits with its step.
 _MOVE = """moved AS (
     UPDATE console_operation SET state = %s, result = %s::jsonb, updated_at = %s
-    WHERE key = %s AND fingerprint = %s AND state IN ({sources})
+    WHERE key = %s AND fingerprint = %s AND state IN ({sources}){gated}
     RETURNING id, attempts, evidence
 ), history AS (
     INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
@@ -98,7 +119,7 @@ _MOVE = """moved AS (
 # the check before the next model call or execution costs nothing extra.
 _SAVE = """
 UPDATE console_task SET {counters}, next_seq = %s, last_step_at = %s{checkpoint}
-WHERE id = %s AND lease_owner = %s AND state = 'RUNNING'{asynchronous}
+WHERE id = %s AND lease_owner = %s AND state = 'RUNNING'{version}{asynchronous}{assumed}
 RETURNING stop_requested_at IS NOT NULL AS stopping, lease_owner
 """
 _STOP_FACT = "SELECT stop_requested_at IS NOT NULL FROM console_task WHERE id = %s"
@@ -106,6 +127,43 @@ _STOP_FACT = "SELECT stop_requested_at IS NOT NULL FROM console_task WHERE id = 
 # this transaction: the setting is local to it). PostgreSQL writes WAL in order, so the
 # next synchronous commit (every claim, every save after a tool) makes it durable too.
 _ASYNCHRONOUS = "\n    AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
+# The row still at the version an attached step read it at, unlocked (``read_step``):
+# ``xmin``, PostgreSQL's own, which every update of the row changes, whoever makes it (a
+# lock does not). Checked again on the row's newest version once its lock is had, so a
+# change committed meanwhile fails it: the compare-and-set of a step run without a lock.
+_VERSION = "\n    AND xmin = %s::xid"
+
+# A save that makes the ledger move its attached step assumed (``Step.assumes``): the task
+# row read first and locked, as the claim's gate does, so that the move is made only from
+# a row this driver still drives (a claim also only while no stop is recorded), then the
+# move, then the save only if the move was made: a move refused leaves nothing saved
+# (``MoveRefused``; the step is run again, asking the ledger first), a lease lost nothing
+# moved. The claim is a fresh key's only (DO NOTHING on any entry): a key claimed before is
+# the ledger's to answer, as the claim statement above does.
+_GATE_FOR_MOVE = (
+    "gate AS (SELECT stop_requested_at IS NOT NULL AS stopping FROM console_task"
+    " WHERE id = %s AND lease_owner = %s AND state = 'RUNNING'{version} FOR UPDATE)"
+)
+_CLAIM_FRESH = f"""claimed AS (
+    INSERT INTO console_operation
+        (key, fingerprint, state, tool, task_id, args_preview, result, attempts, evidence,
+         claimed_at, updated_at)
+    SELECT %s, %s, {_target("claim")}, %s, %s, %s, NULL, 1, '', %s, %s
+    FROM gate WHERE NOT gate.stopping
+    ON CONFLICT (key) DO NOTHING
+    RETURNING id
+), history AS (
+    INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
+                                        evidence)
+    SELECT id, %s, '', {_target("claim")}, %s, '' FROM claimed
+)"""  # noqa: S608 - built from OPERATION_MOVES' fixed words
+_ASSUMED = {
+    "claim": (_CLAIM_FRESH, "claimed"),
+    "record": (
+        _MOVE.format(sources=_states("record"), gated=" AND EXISTS (SELECT FROM gate)"),
+        "moved",
+    ),
+}
 
 # The step's trace events travel as one JSON array, unpacked by the server into rows of
 # console_traceevent: one parameter instead of one per column per event (binding each costs
@@ -145,11 +203,21 @@ _COUNTERS = ", ".join(f"{name} = %s" for name in (*_DIMENSIONS, "revision"))
 # came while its original ran conflicts with the original's committed row.
 _ANSWER_ROW = (
     "INSERT INTO console_steprequest (task_id, request_id, step, body_hash, answer, at)"
-    " {source} ON CONFLICT (task_id, request_id) DO NOTHING RETURNING 1"
+    " {source}{conflict} RETURNING 1"
 )
+_ON_CONFLICT = " ON CONFLICT (task_id, request_id) DO NOTHING"
 _ANSWERED_BY_SAVE = "SELECT %s, %s, %s, %s, %s::jsonb, %s FROM saved"
-_ANSWER = f"answered AS ({_ANSWER_ROW.format(source=_ANSWERED_BY_SAVE)})"
-_REMEMBER = _ANSWER_ROW.format(source="VALUES (%s, %s, %s, %s, %s::jsonb, %s)")
+_ANSWER = f"answered AS ({_ANSWER_ROW.format(source=_ANSWERED_BY_SAVE, conflict=_ON_CONFLICT)})"
+# A step run without the row's lock holds no transaction open around its one save, so a
+# retry's insert may not just do nothing: the save around it would stand. It conflicts,
+# and the statement fails whole (the unique constraint below names it; AnsweredBefore).
+_ANSWER_ONCE = f"answered AS ({_ANSWER_ROW.format(source=_ANSWERED_BY_SAVE, conflict='')})"
+_ANSWERED_ONCE = next(
+    str(c.name) for c in StepRequest._meta.constraints if isinstance(c, UniqueConstraint)
+)
+_REMEMBER = _ANSWER_ROW.format(
+    source="VALUES (%s, %s, %s, %s, %s::jsonb, %s)", conflict=_ON_CONFLICT
+)
 
 # An attached step's first statement: the task row, locked until the step commits (a Stop,
 # a resumption or another request of the task waits for it). Only the columns a step reads:
@@ -165,6 +233,16 @@ _TASK_FIELDS = tuple(
 )
 _TASK_COLUMNS = ", ".join(str(field.column) for field in _TASK_FIELDS)
 _OPEN_STEP = f"SELECT {_TASK_COLUMNS} FROM console_task WHERE id = %s FOR UPDATE"  # noqa: S608
+# Or, for a step run without the row's lock (``read_step``), the row as it is, with its
+# version and the answer stored under the request id (a retry's), in one snapshot: the
+# original request's save and answer commit together, so a retry sees both or neither.
+_READ_STEP = (
+    "SELECT t.xmin::text, "  # noqa: S608 - column names from the model
+    + ", ".join(f"t.{field.column}" for field in _TASK_FIELDS)
+    + ", a.step, a.body_hash, a.answer FROM console_task t"
+    " LEFT JOIN console_steprequest a ON a.task_id = t.id AND a.request_id = %s"
+    " WHERE t.id = %s"
+)
 # A retry's answer, read once its step has rolled back. The unique (task, request_id)
 # makes it one row at most.
 _ANSWERED = (
@@ -177,15 +255,20 @@ _TASK_CONVERTERS = tuple(getattr(field, "from_db_value", None) for field in _TAS
 
 
 @cache
-def _save_ctes(events: int, checkpoint: bool, durable: bool) -> str:
+def _save_ctes(
+    events: int, checkpoint: bool, durable: bool, assumed: str = "", versioned: bool = False
+) -> str:
     """A save as CTEs: ``saved`` (the counters' UPDATE, returning the stop fact and the
     lease owner) feeding ``added`` (the trace events' INSERT, when there are ``events``),
-    so both happen or neither does, and a lost lease inserts nothing. Every value is a
-    parameter: a handful of texts, each prepared once."""
+    so both happen or neither does, and a lost lease inserts nothing; ``assumed``: the CTE
+    of the move the save is made only with; ``versioned``: only on the row's version read
+    (``_VERSION``). Every value is a parameter: a handful of texts, each prepared once."""
     save = _SAVE.format(
         counters=_COUNTERS,
         checkpoint=", checkpoint = %s::jsonb" if checkpoint else "",
+        version=_VERSION if versioned else "",
         asynchronous="" if durable else _ASYNCHRONOUS,
+        assumed=f"\n    AND EXISTS (SELECT FROM {assumed})" if assumed else "",
     ).strip()
     if not events:
         return f"saved AS ({save})"
@@ -193,30 +276,58 @@ def _save_ctes(events: int, checkpoint: bool, durable: bool) -> str:
 
 
 @cache
-def _save_sql(events: int, checkpoint: bool, durable: bool, answer: bool = False) -> str:
-    ctes = _save_ctes(events, checkpoint, durable)
-    if answer:  # its third column: whether the answer was stored (not a retry's)
-        ctes = f"{ctes}, {_ANSWER}"
-        stored = "EXISTS (SELECT FROM answered)"
-        return f"WITH {ctes} SELECT stopping, lease_owner, {stored} FROM saved"  # noqa: S608
-    return f"WITH {ctes} SELECT stopping, lease_owner FROM saved"  # noqa: S608
+def _save_sql(
+    events: int,
+    checkpoint: bool,
+    durable: bool,
+    answer: bool = False,
+    assumes: str = "",
+    versioned: bool = False,
+) -> str:
+    """A save (with the answer: its third column says whether it was stored, not a
+    retry's); ``assumes``, the move its step assumed (``_ASSUMED``): then the row is the
+    gate's, its save's columns NULL when the move was refused; ``versioned``: a step's run
+    without the row's lock, made only on the row's version it read (no row otherwise), its
+    answer's insert failing the statement on a retry's row (``_ANSWER_ONCE``)."""
+    answered = _ANSWER_ONCE if versioned else _ANSWER
+    if not assumes:
+        ctes = _save_ctes(events, checkpoint, durable, versioned=versioned)
+        if answer:
+            ctes = f"{ctes}, {answered}"
+            stored = "EXISTS (SELECT FROM answered)"
+            return f"WITH {ctes} SELECT stopping, lease_owner, {stored} FROM saved"  # noqa: S608
+        return f"WITH {ctes} SELECT stopping, lease_owner FROM saved"  # noqa: S608
+    move, made = _ASSUMED[assumes]
+    gate = _GATE_FOR_MOVE.format(version=_VERSION if versioned else "")
+    save = _save_ctes(events, checkpoint, durable, made, versioned)
+    ctes = f"{gate}, {move}, {save}"
+    columns = "saved.stopping, saved.lease_owner"
+    if answer:
+        ctes = f"{ctes}, {answered}"
+        columns += ", EXISTS (SELECT FROM answered)"
+    return f"WITH {ctes} SELECT {columns} FROM gate LEFT JOIN saved ON true"  # noqa: S608
 
 
 @cache
-def _save_with_record_sql(events: int, checkpoint: bool) -> str:
-    """A save that also makes a write's record; its third column says whether it did."""
-    move = _MOVE.format(sources=_states("record"))
+def _save_with_record_sql(events: int, checkpoint: bool, answer: bool = False) -> str:
+    """A save that also makes a write's record; its third column says whether it did, its
+    fourth (with the ``answer``) whether the answer was stored."""
+    move = _MOVE.format(sources=_states("record"), gated="")
     ctes = _save_ctes(events, checkpoint, True)
+    stored = ""
+    if answer:
+        ctes = f"{ctes}, {_ANSWER}"
+        stored = ", EXISTS (SELECT FROM answered)"
     return (
         f"WITH {move}, {ctes} "  # noqa: S608 - constants only
-        "SELECT saved.stopping, saved.lease_owner, (SELECT count(*) FROM moved) "
+        f"SELECT saved.stopping, saved.lease_owner, (SELECT count(*) FROM moved){stored} "
         "FROM saved"
     )
 
 
 @cache
 def _move_sql(move: str) -> str:
-    ctes = _MOVE.format(sources=_states(move))
+    ctes = _MOVE.format(sources=_states(move), gated="")
     return f"WITH {ctes} SELECT attempts, evidence FROM moved"  # noqa: S608 - constants
 
 
@@ -231,16 +342,25 @@ def _claim_sql(carried_events: int | None, checkpoint: bool = False) -> str:
 class PostgresStore(BaseStore):
     """:class:`console.store.StepStore` on PostgreSQL."""
 
+    carries_moves = True
+    _version: str | None = None
+    """The row's version an unlocked step read (:class:`_Unlocked`): its save's condition."""
+
     def open_step(self, request_id: str | None) -> tuple[Task, Answer | None] | None:
         # No lookup of request_id: its answer's insert tells a retry (_ANSWER_ROW).
         row = fetch_one(_OPEN_STEP, [self.task_id])
         if row is None:
             return None
-        values = [
-            value if convert is None else convert(value, None, connection)
-            for convert, value in zip(_TASK_CONVERTERS, row, strict=True)
-        ]
-        return Task.from_db(connection.alias, _TASK_NAMES, values), None
+        return _task_of(row), None
+
+    def read_step(self, request_id: str) -> tuple[Task, Answer | None, StepStore] | None:
+        # The request's first statement, a read: the kept session's health check too.
+        row = fetch_read(_READ_STEP, [request_id, self.task_id])
+        if row is None:
+            return None
+        version, *values, step, body_hash, answer = row
+        prior = None if step is None else Answer(request_id, step, body_hash, json.loads(answer))
+        return _task_of(values), prior, _Unlocked(self.task_id, self.owner, version)
 
     def answered(self, request_id: str) -> Answer | None:
         row = fetch_one(_ANSWERED, [self.task_id, request_id])
@@ -345,28 +465,62 @@ class PostgresStore(BaseStore):
 
     def _save(self, step: Step, record: Record | None) -> Saved:
         events, checkpoint = min(len(step.events), 1), step.checkpoint is not None
+        answer = step.answer
+        answered = [] if answer is None else self._answer_params(answer)
+        if step.assumes is not None:
+            return self._save_assuming(step, step.assumes, answered)
         if record is None:
-            answer = step.answer
-            sql = _save_sql(events, checkpoint, step.durable, answer is not None)
-            params = self._save_params(step)
-            if answer is None:
-                return self._saved(step, fetch_one(sql, params))
-            row = fetch_one(sql, [*params, *self._answer_params(answer)])
+            sql = _save_sql(
+                events, checkpoint, step.durable, answer is not None, "", self._version is not None
+            )
+            row = self._fetch(sql, [*self._save_params(step), *answered])
             saved = self._saved(step, row)
-            if row is not None and not row[2]:  # the answer's insert conflicted: a retry
+            if answer is not None and row is not None and not row[2]:
+                # The answer's insert conflicted: a retry.
                 raise AnsweredBefore(f"request {answer.request_id} was answered before")
             return saved
         params = self._move_params(record.key, record.fingerprint, "record", record.result)
         row = fetch_one(
-            _save_with_record_sql(events, checkpoint),
-            [*params, *self._save_params(step)],
+            _save_with_record_sql(events, checkpoint, answer is not None),
+            [*params, *self._save_params(step), *answered],
         )
         failed = None
         if row is not None and row[2] == 0:
             failed = self._why_not(record.key, record.fingerprint, "record")
         saved = self._saved(step, row, failed)
-        if step.answer is not None:
-            self.remember(step.answer)
+        if answer is not None and row is not None and not row[3]:
+            raise AnsweredBefore(f"request {answer.request_id} was answered before")
+        return saved
+
+    def _save_assuming(
+        self, step: Step, move: Claiming | Record, answered: Sequence[Any]
+    ) -> Saved:
+        """The save that makes the move its step assumed, in one statement (``_ASSUMED``)."""
+        now = timezone.now()
+        task = self.task_id
+        if isinstance(move, Claiming):
+            assumes = "claim"
+            made = [move.key, move.fingerprint, move.tool, task, move.args, now, now, now, task]
+        else:
+            assumes = "record"
+            made = self._move_params(move.key, move.fingerprint, "record", move.result)
+        sql = _save_sql(
+            min(len(step.events), 1),
+            step.checkpoint is not None,
+            step.durable,
+            step.answer is not None,
+            assumes,
+            self._version is not None,
+        )
+        gate = [task, self.owner] if self._version is None else [task, self.owner, self._version]
+        row = self._fetch(sql, [*gate, *made, *self._save_params(step, now), *answered])
+        if row is None:  # the gate found no row this driver drives: nothing was moved
+            raise LeaseLost(f"task {task} is no longer driven by this driver")
+        if row[1] is None:
+            raise MoveRefused(f"task {task}: the {assumes} of {move.key!r} was not made")
+        saved = self._saved(step, row)
+        if step.answer is not None and not row[2]:
+            raise AnsweredBefore(f"request {step.answer.request_id} was answered before")
         return saved
 
     def _save_params(self, step: Step, now: datetime | None = None) -> list[Any]:
@@ -378,6 +532,8 @@ class PostgresStore(BaseStore):
         if step.checkpoint is not None:
             params.append(json.dumps(step.checkpoint))
         params += (self.task_id, self.owner)
+        if self._version is not None:
+            params.append(self._version)
         if step.events:
             # Times as ISO text by the encoder, sparing a copy of every event.
             events = json.dumps(list(step.events), default=_iso)
@@ -393,6 +549,125 @@ class PostgresStore(BaseStore):
         self.next_seq += len(step.events)
         step.saved = Saved(bool(row[0]), failed)
         return step.saved
+
+    def _fetch(self, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
+        """A save's statement; an unlocked step's that met a retry's answer failed whole."""
+        try:
+            return fetch_one(sql, params)
+        except IntegrityError as exc:
+            if self._version is None or not _violates(exc, _ANSWERED_ONCE):
+                raise
+            raise AnsweredBefore(f"task {self.task_id}: the request was answered before") from exc
+
+
+class _Unlocked(PostgresStore):
+    """The store of an attached step run on the task row as read without its lock
+    (:meth:`PostgresStore.read_step`): its one write is the step's last save, the one that
+    stores its answer, made only while the row is still at the version read (and with the
+    claim or record the step assumed). Anything else the step would do — any other write,
+    a read of the ledger or the trace, taking the lease — and a row changed meanwhile raise
+    :class:`NeedsLock`, nothing written; so does every call after the first refusal (the
+    guard may have swallowed it, as a ledger error it stops on). Its driver runs the step
+    again, holding the row's lock."""
+
+    def __init__(self, task_id: int, owner: str, version: str) -> None:
+        super().__init__(task_id, owner)
+        self._version = version
+        self._refused: NeedsLock | None = None
+
+    def _refuse(self, what: str) -> NeedsLock:
+        if self._refused is None:
+            self._refused = NeedsLock(f"task {self.task_id}: {what} needs the row's lock")
+        return self._refused
+
+    def save(self, step: Step, *, record: Record | None = None) -> Saved:
+        if self._refused is not None:
+            raise self._refused
+        if record is not None or step.answer is None:
+            raise self._refuse("a save before the step's last")
+        try:
+            return self._save(step, None)
+        except LeaseLost:
+            # The row is no longer at the version read (or no longer this driver's):
+            # nothing was saved; with the lock, the step meets the row as it is now.
+            raise self._refuse("a row changed since it was read") from None
+
+    def go_on(self, task: Task) -> None:
+        if self._refused is not None:
+            raise self._refused
+        super().go_on(task)
+
+    def answered(self, request_id: str) -> Answer | None:
+        # After AnsweredBefore: the retry's step rolled back, its answer is read as ever.
+        return super().answered(request_id)
+
+    def open_step(self, request_id: str | None) -> tuple[Task, Answer | None] | None:
+        raise self._refuse("locking the row")
+
+    def read_step(self, request_id: str) -> tuple[Task, Answer | None, StepStore] | None:
+        raise self._refuse("reading the row again")
+
+    def remember(self, answer: Answer) -> None:
+        raise self._refuse("an answer stored without a save")
+
+    def take_lease(self, seconds: float) -> Task | str:
+        raise self._refuse("taking the lease")
+
+    def renew_lease(self, seconds: float) -> bool:
+        raise self._refuse("renewing the lease")
+
+    def release_lease(self) -> bool:
+        raise self._refuse("releasing the lease")
+
+    def stop_requested(self) -> bool:
+        raise self._refuse("reading the stop fact again")
+
+    def get(self, key: str) -> Entry | None:
+        raise self._refuse("reading the ledger")
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, Entry]:
+        raise self._refuse("reading the ledger")
+
+    def claim(
+        self, key: str, fingerprint: str, *, tool: str, args: str, carry: Step | None = None
+    ) -> Claim:
+        raise self._refuse("a claim of its own")
+
+    def settle(
+        self, key: str, fingerprint: str, move: str, result: Mapping[str, Any] | None = None
+    ) -> Entry:
+        raise self._refuse("an operation's move of its own")
+
+    def resolve(
+        self, key: str, move: str, *, result: Mapping[str, Any] | None, evidence: str
+    ) -> Entry:
+        raise self._refuse("an operation's move of its own")
+
+    def finish(
+        self, report: Report, *, checkpoint: Mapping[str, Any] | None, summary: Usage | None = None
+    ) -> None:
+        raise self._refuse("a stop")
+
+    def history(self, phase: int) -> dict[str, list[Any]]:
+        raise self._refuse("reading the trace")
+
+
+def _task_of(row: Sequence[Any]) -> Task:
+    """The task, as the ORM would load it, from the step's read of its columns."""
+    values = [
+        value if convert is None else convert(value, None, connection)
+        for convert, value in zip(_TASK_CONVERTERS, row, strict=True)
+    ]
+    return Task.from_db(connection.alias, _TASK_NAMES, values)
+
+
+def _violates(exc: IntegrityError, constraint: str) -> bool:
+    """Whether ``exc`` is the violation of ``constraint`` (a unique one, by its name)."""
+    cause = exc.__cause__
+    diag = getattr(cause, "diag", None)
+    return isinstance(cause, psycopg.errors.UniqueViolation) and (
+        getattr(diag, "constraint_name", None) == constraint
+    )
 
 
 def _iso(value: Any) -> str:

@@ -10,6 +10,11 @@ its health check and its broken-transaction check; when something watches the co
 (an ``execute_wrapper``, the query log of ``DEBUG``) the statement goes through Django's
 cursor wrapper instead, so it is seen.
 
+An attached step's first statement, a read (``fetch_read``), is the kept session's health
+check: Django's ``SELECT 1`` before it would cost a round trip on every request to guard
+against what happens only after a restart or a failover. A session the read finds dead is
+replaced and the read sent again; nothing else of the request was on it.
+
 Prepared statements live in the database session. Behind a transaction-pooling
 PgBouncer, enable its ``max_prepared_statements`` (1.21+) or set
 ``LOOPGUARD_PREPARED_STATEMENTS=false``. Elsewhere (SQLite) statements run as usual.
@@ -26,7 +31,7 @@ from typing import Any, Self
 import psycopg
 import psycopg.abc
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
 Params = Sequence[Any] | Mapping[str, Any]
@@ -45,6 +50,31 @@ def fetch_one(sql: str, params: Params) -> tuple[Any, ...] | None:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     return None if row is None else tuple(row)
+
+
+def fetch_read(sql: str, params: Params) -> tuple[Any, ...] | None:
+    """:func:`fetch_one` for a read that may be sent twice (it changes nothing), as a
+    request's first statement outside a transaction: on a kept session it is the health
+    check itself, in place of Django's ``SELECT 1`` before it (``CONN_HEALTH_CHECKS``). A
+    session it finds dead (the database restarted, failed over, ended it while idle) had
+    nothing of the request on it: it is replaced, and the read sent once more."""
+    # Any: the health check's attributes (Django's own, set in connect()) are not in the stubs.
+    db: Any = connections[DEFAULT_DB_ALIAS]
+    unchecked = (
+        db.connection is not None
+        and db.health_check_enabled
+        and not db.health_check_done
+        and not db.in_atomic_block
+        and getattr(db, "pool", None) is None  # a pool hands out checked sessions itself
+    )
+    if not unchecked:
+        return fetch_one(sql, params)
+    db.health_check_done = True  # this read is the check
+    try:
+        return fetch_one(sql, params)
+    except (OperationalError, InterfaceError):
+        db.close()  # outside a transaction: the wrapper opens a new session next
+        return fetch_one(sql, params)
 
 
 def _fetch_prepared(db: Any, sql: str, params: Params) -> tuple[Any, ...] | None:

@@ -1,14 +1,14 @@
 """The attached driver: an agent that runs its own loop asks the console's guard over the
 step protocol (docs/protocol.md), one step per API request.
 
-Its parts, each with one job: ``requests`` (a request's life: the start, and each step in
-one transaction that locks the task row, answers a retried request from its stored answer
-and takes the lease), ``driver`` (one step: the guard restored from the checkpoint, the
-step judged by the sequencer, the save made last with the answer), ``steps`` (a handler
-per protocol step, and ``PROTOCOL_STEPS``, the table that names them), ``lost`` (the calls
-a lost client left running: interrupted, settled by trusted evidence, audited) and
-``fields`` (the request's fields read, checked and bounded; a refusal in the protocol's
-words).
+Its parts, each with one job: ``requests`` (a request's life: the start, and each step on
+the task row as read, saved only while it is unchanged, or else in one transaction that
+locks the row; a retried request answered from its stored answer; the lease taken),
+``driver`` (one step: the guard restored from the checkpoint, the step judged by the
+sequencer, the save made last with the answer), ``steps`` (a handler per protocol step,
+and ``PROTOCOL_STEPS``, the table that names them), ``lost`` (the calls a lost client left
+running: interrupted, settled by trusted evidence, audited) and ``fields`` (the request's
+fields read, checked and bounded; a refusal in the protocol's words).
 """
 
 from __future__ import annotations

@@ -185,7 +185,13 @@ class _Driver:
     driver, which keeps the step's state and its save, answer and stop."""
 
     def __init__(
-        self, task: Task, store: StepStore, *, actor: User, handover: bool = False
+        self,
+        task: Task,
+        store: StepStore,
+        *,
+        actor: User,
+        handover: bool = False,
+        assume: bool = False,
     ) -> None:
         self.task = task
         self.store = store
@@ -193,6 +199,9 @@ class _Driver:
         self.handover = handover
         self.now = _wall_ms()
         self.ledger = DatabaseLedger(store=store)
+        # A write's claim (of a fresh key) or record is made by the step's save, in its
+        # statement: one round trip fewer. Refused there, the request runs the step again.
+        self.ledger.assume = assume and store.carries_moves
         self.events: list[dict[str, Any]] = []
         self.pending: Step | None = None
         """The step's save, made once its answer is known (:meth:`run`)."""
@@ -267,8 +276,10 @@ class _Driver:
         pending, self.pending = self.pending, None
         if pending is not None:
             pending.answer = kept
+            pending.assumes = self.ledger.take_assumed()
             self.store.save(pending)
         elif kept is not None:
+            self.ledger.flush()
             self.store.remember(kept)
         _audit_settled(self)
         return answer
@@ -379,6 +390,7 @@ class _Driver:
             # step rolls back and the client asks again.
             failed = self.ledger.unavailable
             raise DatabaseError(f"the ledger failed ({failed})") from failed
+        self.ledger.flush()  # a move assumed is made first, as the guard took it
         # The step's trace events and counters now; the checkpoint goes with the finish.
         self.store.save(Step(self.guard.usage.to_dict(), self.guard.revision, tuple(self.events)))
         self.events = []

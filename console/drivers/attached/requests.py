@@ -2,21 +2,42 @@
 
 An attached agent runs its own loop in its own process and asks before each model call and
 tool call. Each request is one step of the same ``guard.Guard`` the hosted runner drives,
-over the same step store, in one transaction that holds the task's row:
+over the same step store, as if it held the task's row for the whole step:
 
-1. lock the task row (a Stop, a resumption or another request of the task waits for it);
-2. a request id answered before gets its stored answer (a retry never claims twice): on
-   PostgreSQL a retry is told by its answer's insert conflicting (the step it ran again
-   rolls back whole, then the stored answer is read), with no lookup before every request;
-3. take or renew the client's lease (``lifecycle.start_drive``: a lost driver's leftovers
+1. read the task row, with the answer stored under the request id: a request id answered
+   before gets that answer (a retry never claims twice);
+2. take or renew the client's lease (``lifecycle.start_drive``: a lost driver's leftovers
    are settled first, as for a dead worker);
-4. restore the guard from the task's checkpoint, run the one step, save its trace events,
+3. restore the guard from the task's checkpoint, run the one step, save its trace events,
    counters and checkpoint (``StepStore.save``), record a stop (``StepStore.finish``);
-5. store the answer under the request id, and commit.
+4. store the answer under the request id, with the save.
 
-A write's claim is the store's own gated statement inside that transaction, so it is
+Most steps run on the row read without its lock (``StepStore.read_step``, PostgreSQL): a
+running task whose lease this client holds fresh, a step that ends in one save. That save,
+with the answer and the claim or record the step assumed, is one statement made only while
+the row is still at the version read (a compare-and-set; no transaction held open). A row
+changed meanwhile (a Stop, a resumption, another request of the task, the sweep), or a step
+that comes to more (a stop, the lease to take, the ledger or the trace read, calls a lost
+client left) or to a refusal (final for the client) writes nothing (``NeedsLock``) and runs
+again in one transaction holding the row's lock from the first statement: a Stop, a
+resumption or another request of the task waits for it. So every step is decided on the
+row as it stands when its save commits.
+
+A retry whose original committed is answered from the read; one whose original commits
+after the read meets its answer's row: the compare-and-set or the answer's insert fails
+the save whole (``AnsweredBefore``), or, holding the lock, its step rolls back whole
+(PostgreSQL tells a retry by that insert conflicting, with no lookup before it), and the
+stored answer is read.
+
+On PostgreSQL a write's claim of a fresh key (at its entry) and its record (after it) are
+assumed made and made by the save itself, one statement fewer (``Step.assumes``); a save
+that cannot make them saves nothing (``MoveRefused``: a key with an entry already, a write
+settled meanwhile), and the step is run once more, holding the lock, with the ledger asked
+first.
+
+A write's claim is a statement gated on the task row (its stop fact, the lease), so it is
 atomic with the stop fact exactly as the runner's; and the client hears ``execute`` only
-after the claim is committed. A failure anywhere rolls the whole step back: the client
+after the claim is committed. A failure anywhere leaves nothing of the step: the client
 retries it with the same request id and the step happens once.
 
 Elapsed time is the wall clock's: the checkpoint says when it was taken, and the time
@@ -27,6 +48,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -53,7 +75,14 @@ from console.lifecycle import guard_of, of_this_phase
 from console.models import StepRequest, Task, TaskState
 from console.records.redaction import redact_text
 from console.services import InvalidInput, NotFound, ServiceError
-from console.store import Answer, AnsweredBefore, StepStore, open_store
+from console.store import (
+    Answer,
+    AnsweredBefore,
+    MoveRefused,
+    NeedsLock,
+    StepStore,
+    open_store,
+)
 from guard import OperationState
 from guard.steps import canonical_json
 
@@ -155,37 +184,115 @@ def attached_step(
     entry = PROTOCOL_STEPS.get(step)
     if entry is None:
         raise InvalidInput(f"step must be one of {', '.join(STEPS)}")
+    request = _Request(actor, task_id, request_id, lease, entry, fields, fingerprint)
     store = open_store(task_id, lease)
-    driven = False  # the actor drives this attached task: a stored answer may be theirs
     try:
-        with transaction.atomic():
-            opened = store.open_step(request_id if entry.kept else None)
-            if opened is None:
-                raise NotFound(f"there is no task {task_id}")
-            task, prior = opened
-            if task.created_by_id != actor.pk:
-                # Only the person whose token started it drives it; to anyone else it is a
-                # task that does not exist (no lease, no state, not even that it is there).
-                raise NotFound(f"there is no task {task_id}")
-            if not task.is_attached:
-                raise ProtocolRefused(
-                    "not_attached", f"task {task_id} is hosted: workers drive it"
-                )
-            if prior is not None:
-                return _replayed(prior, request_id, fingerprint)
-            driven = entry.kept
-            answer = _Answered(request_id, step, fingerprint, entry.kept)
-            return _step(task, store, entry, fields, answer, actor)
+        return request.answer(store)
     except (AnsweredBefore, ServiceError) as exc:
         # A retry whose step, run again, met its own answer's row (or was refused on the
         # way there: its call already run, the task stopped since). The step rolled back
         # whole; what the request was answered the first time is the answer.
-        if not driven or getattr(exc, "code", "") == "request_id_reused":
+        if not request.driven or getattr(exc, "code", "") == "request_id_reused":
             raise
         prior = store.answered(request_id)
         if prior is None:
             raise
         return _replayed(prior, request_id, fingerprint)
+
+
+@dataclass
+class _Request:
+    """One step request of an attached task, answered once: without the task row's lock
+    when it can be, else holding it (see the module's docstring)."""
+
+    actor: User
+    task_id: int
+    request_id: str
+    lease: str
+    entry: ProtocolStep
+    fields: Mapping[str, Any]
+    fingerprint: str
+    driven: bool = False
+    """The actor drives this attached task: a stored answer may be theirs."""
+
+    def answer(self, store: StepStore) -> dict[str, Any]:
+        # A write's ledger move is first assumed made by the step's save (one statement
+        # fewer): when that save cannot make it, the step runs again with the ledger asked.
+        assume = store.carries_moves
+        if self.entry.kept:
+            try:
+                answered = self._unlocked(store)
+                if answered is not None:
+                    return answered
+            except NeedsLock:
+                pass  # nothing was written: the step runs again, holding the lock
+            except MoveRefused:
+                assume = False
+        while True:
+            try:
+                return self._locked(open_store(self.task_id, self.lease), assume=assume)
+            except MoveRefused:
+                if not assume:  # pragma: no cover - nothing is assumed then
+                    raise
+                # The save could not make the move the step was decided on (the key was
+                # claimed before, the write settled meanwhile): the step rolled back
+                # whole. Once more, the ledger asked first.
+                assume = False
+
+    def _unlocked(self, store: StepStore) -> dict[str, Any] | None:
+        """The step on the row as read without its lock, its save a compare-and-set on
+        the row's version (``StepStore.read_step``); ``None`` when the step needs the
+        lock (a stopped task, a lease to take or renew, calls a lost client left, a
+        refusal to give)."""
+        read = store.read_step(self.request_id)
+        if read is None:
+            raise NotFound(f"there is no task {self.task_id}")
+        task, prior, unlocked = read
+        self._may_drive(task)
+        if prior is not None:
+            return _replayed(prior, self.request_id, self.fingerprint)
+        if task.is_terminal or not _fresh(task, self.lease):
+            return None
+        self.driven = True
+        unlocked.go_on(task)
+        driver = _Driver(task, unlocked, actor=self.actor, assume=True)
+        if driver.clock.orphans:
+            return None
+        try:
+            return driver.run(self.entry, self.fields, self._answered())
+        except ServiceError:
+            # A refusal is final for the client: it is given only by a step holding the
+            # lock, on the row as it stands (not one read a moment ago, nor one whose
+            # ledger read the guard swallowed).
+            return None
+
+    def _locked(self, store: StepStore, *, assume: bool) -> dict[str, Any]:
+        """The step in one transaction holding the task row's lock (``open_step``)."""
+        with transaction.atomic():
+            opened = store.open_step(self.request_id if self.entry.kept else None)
+            if opened is None:
+                raise NotFound(f"there is no task {self.task_id}")
+            task, prior = opened
+            self._may_drive(task)
+            if prior is not None:
+                return _replayed(prior, self.request_id, self.fingerprint)
+            self.driven = self.entry.kept
+            return _step(
+                task, store, self.entry, self.fields, self._answered(), self.actor, assume=assume
+            )
+
+    def _may_drive(self, task: Task) -> None:
+        if task.created_by_id != self.actor.pk:
+            # Only the person whose token started it drives it; to anyone else it is a task
+            # that does not exist (no lease, no state, not even that it is there).
+            raise NotFound(f"there is no task {self.task_id}")
+        if not task.is_attached:
+            raise ProtocolRefused(
+                "not_attached", f"task {self.task_id} is hosted: workers drive it"
+            )
+
+    def _answered(self) -> _Answered:
+        return _Answered(self.request_id, self.entry.name, self.fingerprint, self.entry.kept)
 
 
 def _replayed(prior: Answer, request_id: str, fingerprint: str) -> dict[str, Any]:
@@ -204,6 +311,8 @@ def _step(
     fields: Mapping[str, Any],
     answered: _Answered,
     actor: User,
+    *,
+    assume: bool,
 ) -> dict[str, Any]:
     if task.is_terminal:
         if step.name == "result":
@@ -214,7 +323,7 @@ def _step(
     handover = task.lease_owner != store.owner
     if step.kept and _fresh(task, store.owner):  # a heartbeat is there to renew it
         store.go_on(task)  # renewed a moment ago: no statement for it this time
-        return _Driver(task, store, actor=actor).run(step, fields, answered)
+        return _Driver(task, store, actor=actor, assume=assume).run(step, fields, answered)
     taken = store.take_lease(lease_seconds())
     if isinstance(taken, str):
         now = Task.objects.get(id=task.id)
@@ -224,7 +333,8 @@ def _step(
         until = now.lease_alive_until(at)
         left = None if until is None else max(1.0, (until - at).total_seconds())
         raise ProtocolRefused("lease_held", f"task {task.id}: {taken}", retry_after=left)
-    return _Driver(taken, store, actor=actor, handover=handover).run(step, fields, answered)
+    driver = _Driver(taken, store, actor=actor, handover=handover, assume=assume)
+    return driver.run(step, fields, answered)
 
 
 def _remembered(store: StepStore, answer: dict[str, Any], answered: _Answered) -> dict[str, Any]:
