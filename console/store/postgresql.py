@@ -40,7 +40,7 @@ from functools import cache
 from typing import Any
 
 import psycopg
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, connection, transaction
 from django.db.models import UniqueConstraint
 from django.utils import timezone
 
@@ -468,6 +468,8 @@ class PostgresStore(BaseStore):
         answer = step.answer
         answered = [] if answer is None else self._answer_params(answer)
         if step.assumes is not None:
+            if record is not None:  # one move rides on a save: never one dropped for another
+                raise ValueError(f"task {self.task_id}: a save assuming a move and a record")
             return self._save_assuming(step, step.assumes, answered)
         if record is None:
             sql = _save_sql(
@@ -551,7 +553,18 @@ class PostgresStore(BaseStore):
         return step.saved
 
     def _fetch(self, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
-        """A save's statement; an unlocked step's that met a retry's answer failed whole."""
+        """A save's statement; an unlocked step's that met a retry's answer failed whole.
+
+        An unlocked step's save runs in autocommit (the API opens no transaction around a
+        request); inside a transaction all the same (a caller's, a test's), it runs in a
+        savepoint of its own, so that failing whole leaves that transaction usable for the
+        stored answer's read."""
+        if self._version is not None and connection.in_atomic_block:
+            with transaction.atomic():
+                return self._fetch_once(sql, params)
+        return self._fetch_once(sql, params)
+
+    def _fetch_once(self, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
         try:
             return fetch_one(sql, params)
         except IntegrityError as exc:

@@ -72,9 +72,23 @@ def fetch_read(sql: str, params: Params) -> tuple[Any, ...] | None:
     db.health_check_done = True  # this read is the check
     try:
         return fetch_one(sql, params)
-    except (OperationalError, InterfaceError):
+    except (OperationalError, InterfaceError) as exc:
+        if not _session_lost(exc):
+            raise  # a statement cancelled or refused on a live session: not the check's
         db.close()  # outside a transaction: the wrapper opens a new session next
         return fetch_one(sql, params)
+
+
+# The server ended the session (admin shutdown, crash shutdown, cannot connect now).
+_ENDED = frozenset({"57P01", "57P02", "57P03"})
+
+
+def _session_lost(error: Exception) -> bool:
+    """Whether ``error`` says the session is gone (a connection failure: no SQLSTATE, or
+    class 08, or the server ending it), not that a statement failed on a live one (a
+    statement timeout, a cancel)."""
+    state = getattr(error.__cause__, "sqlstate", None)
+    return state is None or state.startswith("08") or state in _ENDED
 
 
 def _fetch_prepared(db: Any, sql: str, params: Params) -> tuple[Any, ...] | None:

@@ -29,6 +29,8 @@ from console.models import (
     TraceEvent,
 )
 from console.records.roles import Role
+from console.store import NeedsLock
+from console.store.postgresql import PostgresStore
 
 from .helpers import Caller, error
 
@@ -261,9 +263,17 @@ def test_a_retried_call_gets_the_same_answer_and_never_claims_twice(started: Cli
 def test_a_retry_that_arrives_while_its_request_runs_gets_the_same_answer(
     started: Client, monkeypatch: pytest.MonkeyPatch, enter: bool
 ) -> None:
-    """The retry waits for the task row; once the first request commits, it must find
-    that request's answer, not decide the step again (it would be refused as decided)."""
+    """Holding the row (a step that takes the lock: its read without it is refused here),
+    the retry waits for the task row; once the first request commits, it must find that
+    request's answer, not decide the step again (it would be refused as decided). The same
+    race without the lock: tests/console/api/test_attached_unlocked_races.py."""
     started.step("model")
+    if connection.vendor == "postgresql":
+
+        def locking(store: Any, request_id: str) -> None:
+            raise NeedsLock("this test holds the row")
+
+        monkeypatch.setattr(PostgresStore, "read_step", locking)
     refund = {"tool": "refund", "args": {"cents": 3}, "operation_key": "order/3/refund"}
     if enter:
         step, fields = "tools", {"calls": [refund], "enter": True}
