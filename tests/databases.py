@@ -1,6 +1,8 @@
 """A PostgreSQL database of a test's own, beside the test database, and Django's command line
 run on it: for the tests that migrate a database from an older state (``migrate`` to a
-migration, rows written as they were then, ``migrate`` again)."""
+migration, rows written as they were then, ``migrate`` again). And a session of a test's own
+on the test database, beside Django's (:func:`other_session`), to end Django's from outside
+(:func:`end_session`), as a restart or an idle timeout would."""
 
 from __future__ import annotations
 
@@ -11,8 +13,32 @@ from contextlib import contextmanager
 
 import psycopg
 from django.conf import settings
+from django.db import connection
 
 from tests.processes import ROOT, clean_environment
+from tests.waiting import wait_for
+
+
+def other_session() -> psycopg.Connection[tuple[object, ...]]:
+    """A new autocommit session on the test database, not Django's."""
+    db = connection.settings_dict
+    return psycopg.connect(
+        host=db["HOST"], port=db["PORT"], user=db["USER"], password=db["PASSWORD"] or None,
+        dbname=db["NAME"], autocommit=True,
+    )  # fmt: skip
+
+
+def end_session(pid: int) -> None:
+    """End the database session ``pid`` from a session of our own, and wait until the
+    server has let it go."""
+    with other_session() as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+        def gone() -> bool:
+            found = other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid])
+            return found.fetchone() is None
+
+        wait_for(gone, timeout=5, what=f"session {pid} to end")
 
 
 @contextmanager

@@ -17,13 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-import psycopg
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
 
 from console.api.tokens import api_token_issue
 from console.records.roles import Role, assign
+from tests.databases import other_session
 from tests.live_console import Answer, LiveConsole, serve
 from tests.waiting import wait_for
 
@@ -137,15 +137,11 @@ def test_connections_cut_again_and_again_during_requests_give_503s_never_a_500(
 def _cutting(*, every: float) -> Iterator[list[int]]:
     """End the console's sessions every ``every`` seconds, from a connection of our own
     (this test's stays alive); yields how many each cut ended."""
-    db = connection.settings_dict
     cuts: list[int] = []
     done = threading.Event()
 
     def cut() -> None:
-        with psycopg.connect(
-            host=db["HOST"], port=db["PORT"], user=db["USER"], password=db["PASSWORD"] or None,
-            dbname=db["NAME"], autocommit=True,
-        ) as own:  # fmt: skip
+        with other_session() as own:
             while not done.wait(every):
                 ended = own.execute(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"

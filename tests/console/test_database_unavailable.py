@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import psycopg
 import pytest
 from django.contrib.auth.models import User
 from django.db import close_old_connections, connection
@@ -26,28 +25,11 @@ from console.api.tokens import api_token_issue
 from console.api.views import DATABASE_RETRY_AFTER_SECONDS
 from console.models import Task
 from console.records.roles import Role, assign
-from tests.waiting import wait_for
+from tests.databases import end_session
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 RETRY_AFTER = str(DATABASE_RETRY_AFTER_SECONDS)
-
-
-def _terminate(pid: int) -> None:
-    """End the database session ``pid`` from a connection of our own, and wait until it
-    is gone."""
-    db = connection.settings_dict
-    with psycopg.connect(
-        host=db["HOST"], port=db["PORT"], user=db["USER"], password=db["PASSWORD"] or None,
-        dbname=db["NAME"], autocommit=True,
-    ) as other:  # fmt: skip
-        other.execute("SELECT pg_terminate_backend(%s)", [pid])
-
-        def gone() -> bool:
-            found = other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid])
-            return found.fetchone() is None
-
-        wait_for(gone, timeout=5, what=f"session {pid} to end")
 
 
 @contextmanager
@@ -61,7 +43,7 @@ def cut_before(marker: str) -> Iterator[list[str]]:
         text = sql.decode() if isinstance(sql, bytes) else str(sql)
         if not cut and marker in text:
             cut.append(text)
-            _terminate(context["connection"].connection.info.backend_pid)
+            end_session(context["connection"].connection.info.backend_pid)
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(wrapper):
@@ -91,7 +73,7 @@ def test_a_kept_connection_that_died_while_idle_is_replaced_before_the_tokens_st
 ) -> None:
     client = _api(_token(Role.VIEWER))
     assert client.get("/api/tasks").status_code == 200
-    _terminate(connection.connection.info.backend_pid)
+    end_session(connection.connection.info.backend_pid)
     # What Django does as each request starts (its test client leaves it out): the kept
     # connection is to be checked before its first statement.
     close_old_connections()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 
-import psycopg
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection, transaction
@@ -19,14 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from console.api.tokens import api_token_digest, api_token_issue, api_token_revoke
 from console.records.roles import Role, assign, roles_of
 from console.store.queries import api_token_of, database_answers, lock_goal
-
-
-def _other_session() -> psycopg.Connection[tuple[object, ...]]:
-    db = connection.settings_dict
-    return psycopg.connect(
-        host=db["HOST"], port=db["PORT"], user=db["USER"], password=db["PASSWORD"] or None,
-        dbname=db["NAME"], autocommit=True,
-    )  # fmt: skip
+from tests.databases import other_session
 
 
 def _goal_key(fingerprint: str) -> int:
@@ -65,7 +57,7 @@ def test_the_token_check_finds_a_revoked_token_as_revoked_and_an_unknown_one_not
 def test_the_goal_lock_holds_another_session_off_that_goal_until_the_transaction_ends() -> None:
     goal = hashlib.sha256(b"support_desk\x00{}").hexdigest()
     other_goal = hashlib.sha256(b"support_desk\x00{'order': 7}").hexdigest()
-    with _other_session() as other:
+    with other_session() as other:
 
         def other_may_take(fingerprint: str) -> bool:
             # Taken and, at once, let go again by the end of its own one-statement transaction.

@@ -12,13 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import close_old_connections, connection
 
 from console.models import StepRequest, Task
 from console.records.roles import Role
-from tests.waiting import wait_for
+from tests.databases import end_session
 
 from .helpers import Caller
 from .test_attached import Client
@@ -32,26 +31,6 @@ def started(caller: Callable[..., Caller]) -> Client:
     assert client.start().status_code == 201
     client.step("model")
     return client
-
-
-def _other() -> psycopg.Connection[Any]:
-    db = connection.settings_dict
-    return psycopg.connect(
-        host=db["HOST"], port=db["PORT"], user=db["USER"], password=db["PASSWORD"] or None,
-        dbname=db["NAME"], autocommit=True,
-    )  # fmt: skip
-
-
-def _end_session(pid: int) -> None:
-    """End the database session ``pid`` and wait until the server has let it go."""
-    with _other() as other:
-        other.execute("SELECT pg_terminate_backend(%s)", [pid])
-
-        def gone() -> bool:
-            found = other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid])
-            return found.fetchone() is None
-
-        wait_for(gone, timeout=5, what=f"session {pid} to end")
 
 
 def _lookup(n: int) -> list[dict[str, Any]]:
@@ -79,7 +58,7 @@ def test_a_session_ended_between_two_requests_is_replaced_by_the_steps_read(
 ) -> None:
     before = Task.objects.get(id=started.task)
     pid = connection.connection.info.backend_pid
-    _end_session(pid)
+    end_session(pid)
     close_old_connections()
 
     answer = started.step("tools", calls=_lookup(1), enter=True)
