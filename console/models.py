@@ -1126,7 +1126,7 @@ class HourStat(models.Model):
 
 class Rollup(models.Model):
     """The roll-ups' one row: how far beat has counted the stop reports (``/metrics``'
-    ``loopguard_stops_total``), and, locked, the one roll at a time."""
+    ``loopguard_stops_total``); locked while they are counted, so one count at a time."""
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     stops_before = models.DateTimeField(null=True, blank=True)

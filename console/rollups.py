@@ -98,9 +98,9 @@ def roll_tasks(now: datetime, *, until: float) -> int:
 
 
 def unroll(task_id: int) -> None:
-    """Take a rolled task back out of its totals before it changes (its state, its reason's
-    phase, its counters): in the caller's transaction, under the task's row lock. Nothing
-    for a task that is not rolled."""
+    """Take a rolled task back out of its totals before it changes (its state, its
+    counters): in the caller's transaction, under the task's row lock. Nothing for a task
+    that is not rolled."""
     with transaction.atomic(savepoint=False):
         row = (
             Task.objects.select_for_update()

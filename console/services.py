@@ -561,13 +561,12 @@ def task_approve_resumption(
                 "a call waits for approval: approve or reject it in the approval queue, "
                 "which resumes the task"
             )
-        if task.trace_archive is not None:
-            archive = task.trace_archive
-            raise Refused(
-                f"task {task.id}'s trace is archived in {archive.file_name}: bring it back "
-                f"first (manage.py restore_archive {archive.manifest_path}), then resume"
-            )
         if not task.can_resume:
+            if (archive := task.trace_archive) is not None:
+                raise Refused(
+                    f"task {task.id}'s trace is archived in {archive.file_name}: bring it "
+                    f"back first (manage.py restore_archive {archive.manifest_path}), then resume"
+                )
             if task.state == TaskState.COMPLETED:
                 raise StaleState(f"task {task.id} is completed: there is nothing to resume")
             raise StaleState(f"task {task.id} is {task.state}, not stopped")

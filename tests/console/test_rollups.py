@@ -65,8 +65,16 @@ def _seen() -> dict[str, Any]:
     return {"tasks": snap.tasks, "spent": snap.spent, "stops": snap.stops}
 
 
-def _queued(task_id: int) -> None:
-    """Where a hosted task's resumption is enqueued: no worker runs in these tests."""
+def _resume(task_id: int, person: User) -> None:
+    """An approver resumes a task that ran out of model calls, granting five more (no
+    worker runs in these tests: nothing is enqueued)."""
+    services.task_approve_resumption(
+        task_id=task_id,
+        actor=person,
+        reason="more calls",
+        grant={"model_calls": 5},
+        enqueue=lambda _: None,
+    )
 
 
 def _roll_everything() -> None:
@@ -134,13 +142,7 @@ def test_metrics_say_the_same_before_a_roll_after_it_and_after_every_move_of_a_r
     assert TaskTotal.objects.filter(tasks__gt=0).count() == 5  # by agent and state
     assert _seen() == _counted() == before
 
-    services.task_approve_resumption(
-        task_id=budget.id,
-        actor=person,
-        reason="more calls",
-        grant={"model_calls": 5},
-        enqueue=_queued,
-    )
+    _resume(budget.id, person)
     assert _seen() == _counted()
     services.task_stop(task_id=held.id, actor=person, reason="not again")  # cancel
     assert _seen() == _counted()
@@ -233,9 +235,7 @@ def test_a_resumption_that_waits_for_a_roll_takes_the_task_out_after_it(person: 
 
     def resume() -> None:
         assert rolling.wait(10)
-        services.task_approve_resumption(
-            task_id=task.id, actor=person, reason="more", grant={"model_calls": 5}, enqueue=_queued
-        )
+        _resume(task.id, person)
         resumed.set()
 
     threads = [_in_thread(roll_and_hold), _in_thread(resume)]
@@ -259,13 +259,7 @@ def test_a_roll_passes_over_a_task_that_is_moving_and_takes_it_next_time(person:
             Task.objects.select_for_update().get(id=task.id)  # as the services lock it first
             holding.set()
             assert rolled.wait(10)
-            services.task_approve_resumption(
-                task_id=task.id,
-                actor=person,
-                reason="more",
-                grant={"model_calls": 5},
-                enqueue=_queued,
-            )
+            _resume(task.id, person)
 
     def roll() -> None:
         assert holding.wait(10)
