@@ -2,21 +2,45 @@
 run on it: for the tests that migrate a database from an older state (``migrate`` to a
 migration, rows written as they were then, ``migrate`` again). And a session of a test's own
 on the test database, beside Django's (:func:`other_session`), to end Django's from outside
-(:func:`end_session`), as a restart or an idle timeout would."""
+(:func:`end_session`), as a restart or an idle timeout would. And the test database for a
+process the test starts: its URL (:func:`database_url`) and environment
+(:func:`on_test_database`)."""
 
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from urllib.parse import quote
 
 import psycopg
 from django.conf import settings
 from django.db import connection
 
-from tests.processes import ROOT, clean_environment
+from tests.processes import clean_environment, run
 from tests.waiting import wait_for
+
+
+def database_url() -> str:
+    """The URL of the database this test runs against, for processes started by the test."""
+    db = connection.settings_dict
+    user = quote(str(db.get("USER") or ""), safe="")
+    password = quote(str(db.get("PASSWORD") or ""), safe="")
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    return f"postgres://{auth}{db.get('HOST') or '127.0.0.1'}{port}/{db['NAME']}"
+
+
+def on_test_database(**overrides: str) -> dict[str, str]:
+    """This process's environment with the test settings and the test database's URL, plus
+    ``overrides``: for a process the test starts to work on that database."""
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": database_url(),
+        **overrides,
+    }
 
 
 def other_session() -> psycopg.Connection[tuple[object, ...]]:
@@ -61,14 +85,10 @@ def own_database(suffix: str) -> Iterator[str]:
 def django(url: str, *argv: str) -> str:
     """``python -m django *argv`` on the database at ``url``: what it printed; the test fails
     with what it said on stderr if it did not succeed."""
-    done = subprocess.run(  # noqa: S603 - this interpreter, Django's own command line
+    done = run(
         [sys.executable, "-m", "django", *argv],
-        cwd=ROOT,
         env=clean_environment(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="console.project.settings"),
-        capture_output=True,
-        text=True,
         timeout=300,
-        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout

@@ -22,9 +22,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from django.db import connection
-
 from console.project import launcher
+from tests.databases import database_url
 from tests.processes import ROOT, clean_environment
 from tests.up_process import descendants, free_port
 from tests.waiting import wait_for
@@ -62,13 +61,6 @@ class LiveConsole:
     def workers(self) -> list[int]:
         """The pids of gunicorn's worker processes now (the master respawns a killed one)."""
         return [proc.pid for proc in descendants(self.pid) if proc.pid != self.pid]
-
-
-def database_url() -> str:
-    """The test database, for the console's processes."""
-    db = connection.settings_dict
-    password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
-    return f"postgres://{db['USER']}{password}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
 
 
 @contextmanager

@@ -1,7 +1,8 @@
-"""The environment a test hands to a process it starts, and running the settings in one.
+"""The environment a test hands to a process it starts, and starting it.
 
 One home for every test that starts ``manage.py``, gunicorn, a Celery worker or a bare
-interpreter: what of this process's environment such a child inherits, and what it is told.
+interpreter: what of this process's environment such a child inherits, what it is told, and
+how it is run (:func:`run` to its end, :func:`start_python` to talk to while it runs).
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,6 +62,55 @@ def standalone_environment(
     )
 
 
+def run(
+    command: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path = ROOT,
+    timeout: float = 120,
+    **options: Any,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` to its end in ``cwd`` (the checkout) with ``env`` (this process's
+    when None): what it printed, as text, and its exit status for the test to judge (a
+    failure is never raised here). ``options`` go to :func:`subprocess.run` (``stdin``)."""
+    return subprocess.run(  # noqa: S603 - the tests' own commands, never a shell
+        list(command),
+        cwd=cwd,
+        env=None if env is None else dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        **options,
+    )
+
+
+def run_python(
+    code: str,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path = ROOT,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` with ``args`` in a fresh interpreter (this one's): as :func:`run`."""
+    return run([sys.executable, "-c", code, *args], env=env, cwd=cwd, timeout=timeout)
+
+
+def start_python(code: str, *args: str, env: Mapping[str, str]) -> subprocess.Popen[str]:
+    """Start ``code`` with ``args`` in a fresh interpreter (this one's) in the checkout, its
+    standard input and output piped as text: for a test that talks to it while it runs (a
+    racer of :func:`tests.waiting.release_together`)."""
+    return subprocess.Popen(  # noqa: S603 - this interpreter, the test's own script
+        [sys.executable, "-c", code, *args],
+        cwd=ROOT,
+        env=dict(env),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def run_settings(script: str, **variables: str) -> subprocess.CompletedProcess[str]:
     """Run ``script`` after ``django.setup()`` with the console's settings and only the
     ``variables`` of ours that the test names."""
@@ -66,12 +118,4 @@ def run_settings(script: str, **variables: str) -> subprocess.CompletedProcess[s
         only_named=True, DJANGO_SETTINGS_MODULE="console.project.settings", **variables
     )
     code = "import django\ndjango.setup()\n" + script
-    return subprocess.run(  # noqa: S603 - this interpreter, a fixed script
-        [sys.executable, "-W", "always", "-c", code],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run([sys.executable, "-W", "always", "-c", code], env=env)

@@ -3,12 +3,10 @@ to whole URLs: ``LOOPGUARD_PUBLIC_URL`` in the environment of web, worker and be
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from console.project.launcher import ROOT, child_environment, served_url
+from console.project.launcher import child_environment, served_url
+from tests.processes import run_python
 
 # What a worker or beat does with the variable: the link a notice carries.
 PRINT_LINK = (
@@ -65,15 +63,7 @@ def test_a_worker_started_with_that_environment_sends_whole_links(
     monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "console.project.settings")
     env = child_environment(served_url("127.0.0.1", 8123))
 
-    started = subprocess.run(  # noqa: S603 - our own interpreter and program
-        [sys.executable, "-c", PRINT_LINK],
-        cwd=ROOT,
-        env={**env, "LOOPGUARD_PROCESS": "worker"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    started = run_python(PRINT_LINK, env={**env, "LOOPGUARD_PROCESS": "worker"}, timeout=60)
 
     assert started.returncode == 0, started.stderr
     assert started.stdout.strip().splitlines()[-1] == "http://127.0.0.1:8123/tasks/42/"

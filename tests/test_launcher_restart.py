@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import sqlite3
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -29,8 +28,8 @@ from tests.up_process import (
     ROOT,
     Proc,
     Up,
-    first_python,
     free_port,
+    manage,
     survivors,
     venv_is_current,
 )
@@ -232,17 +231,7 @@ def test_up_starts_a_killed_worker_again_and_the_console_keeps_running_tasks(
         started += up.tree()
 
         # The new worker drives a task started now.
-        done = subprocess.run(  # noqa: S603 - our own command
-            [first_python(), "manage.py", "start_task", "paging", "{}"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-        task_id = int(done.stdout.split()[-1])
+        task_id = int(manage(env, "start_task", "paging", "{}").split()[-1])
 
         def state() -> str | None:
             with closing(sqlite3.connect(data_dir / "loopguard.sqlite3", timeout=10)) as db:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import run
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -16,13 +18,7 @@ def _alone(tmp_path: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
     """Run manage.py with ``argv`` from a folder of its own: no .venv, no project to
     install, so anything it tried to install would fail or leave a .venv behind."""
     shutil.copy(ROOT / "manage.py", tmp_path / "manage.py")
-    return subprocess.run(  # noqa: S603 - our own script
-        [sys.executable, "manage.py", *argv],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run([sys.executable, "manage.py", *argv], cwd=tmp_path, timeout=60)
 
 
 @pytest.mark.parametrize("argv", [[], ["--help"], ["-h"], ["help"]])
@@ -49,12 +45,7 @@ def test_the_help_of_test_says_what_it_runs_and_installs_nothing(
 
 
 def test_help_up_lists_the_options_of_up() -> None:
-    done = subprocess.run(  # noqa: S603 - our own script
-        [sys.executable, str(ROOT / "manage.py"), "help", "up"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run([sys.executable, str(ROOT / "manage.py"), "help", "up"], timeout=300)
 
     assert done.returncode == 0, done.stderr
     assert "--standalone" in done.stdout and "--port" in done.stdout

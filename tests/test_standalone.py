@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -25,29 +24,14 @@ from tests.up_process import (
     Browser,
     Proc,
     Up,
-    first_python,
     free_port,
+    manage,
     survivors,
     venv_is_current,
 )
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def manage(env: dict[str, str], *args: str) -> str:
-    """Run ``python3 manage.py ARGS`` next to the running console; its standard output."""
-    done = subprocess.run(  # noqa: S603 - our own command
-        [first_python(), "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
 
 
 class Api:

@@ -4,12 +4,12 @@ warning that says where the name went (docs/deployment.md, "Names that moved in 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
+
+from tests.processes import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,10 +25,7 @@ def test_the_old_settings_module_still_configures_the_console_and_says_where_it_
         "print([str(w.message) for w in caught if w.category is DeprecationWarning])\n"
     )
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings"}
-    done = subprocess.run(  # noqa: S603 - this interpreter, a fixed script
-        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=60, check=False,
-    )
+    done = run_python(script, env=env, timeout=60)
 
     assert done.returncode == 0, done.stderr
     urlconf, said = done.stdout.splitlines()[-2:]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from tests.processes import ROOT
+from tests.processes import ROOT, run
 from tests.waiting import wait_for
 
 CREDENTIAL = re.compile(r"^\s+(\w+)\s+password (\S+)$")
@@ -53,6 +53,14 @@ def venv_is_current() -> bool:
 def first_python() -> str:
     """What `python3` means on this machine: the interpreter a user's first command uses."""
     return shutil.which("python3") or sys.executable
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    """Run ``python3 manage.py ARGS`` next to the running console; its standard output (the
+    test fails with what it said if it did not succeed)."""
+    done = run([first_python(), "manage.py", *args], env=env, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
 
 
 # -- the process tree ------------------------------------------------------------------------

@@ -18,12 +18,11 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 
 import redis
 from django.conf import settings
-from django.db import connection
 
+from tests.databases import on_test_database
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,14 +31,18 @@ STARTUP_S = 30.0
 SHUTDOWN_S = 10.0
 
 
-def database_url() -> str:
-    """The URL of the database this test runs against, for processes started by the test."""
-    db = connection.settings_dict
-    user = quote(str(db.get("USER") or ""), safe="")
-    password = quote(str(db.get("PASSWORD") or ""), safe="")
-    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    port = f":{db['PORT']}" if db.get("PORT") else ""
-    return f"postgres://{auth}{db.get('HOST') or '127.0.0.1'}{port}/{db['NAME']}"
+def worker_environment(queue: str, extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a Celery worker or beat on ``queue`` (:func:`on_test_database`),
+    plus ``extra_env``."""
+    celery = {
+        "CELERY_QUEUE": queue,
+        # console.project.settings builds the beat schedule from this variable when it is
+        # imported; tests.settings' own value comes too late to change it (see
+        # test_the_beat_sweeps_as_often_as_the_test_settings_say).
+        "LOOPGUARD_SWEEP_SECONDS": str(settings.LOOPGUARD_SWEEP_SECONDS),
+        "PYTHONUNBUFFERED": "1",
+    }
+    return on_test_database(**{**celery, **(extra_env or {})})
 
 
 @dataclass
@@ -69,18 +72,7 @@ def start_worker(
     """
     number = len(list(directory.glob("worker-*.log"))) + 1
     log_path = directory / f"worker-{number}.log"
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "DATABASE_URL": database_url(),
-        "CELERY_QUEUE": queue,
-        # console.project.settings builds the beat schedule from this variable when it is imported;
-        # tests.settings' own value comes too late to change it (see
-        # test_the_beat_sweeps_as_often_as_the_test_settings_say).
-        "LOOPGUARD_SWEEP_SECONDS": str(settings.LOOPGUARD_SWEEP_SECONDS),
-        "PYTHONUNBUFFERED": "1",
-        **(extra_env or {}),
-    }
+    env = worker_environment(queue, extra_env)
     command = [
         sys.executable, "-m", "celery", "-A", "console", "worker",
         "--pool=prefork", "-c", "2", "-Q", queue,

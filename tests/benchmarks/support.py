@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from tests import processes
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 # Where a benchmark works when DATABASE_URL is not set (its own database beside this one).
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/loopguard"
@@ -35,11 +37,8 @@ def run(
 ) -> subprocess.CompletedProcess[str]:
     """``python benchmarks/<name>.py args`` with this environment (DATABASE_URL defaulted),
     plus ``env``; its output as text."""
-    return subprocess.run(  # noqa: S603 - our own script
+    return processes.run(
         [sys.executable, str(BENCHMARKS / f"{name}.py"), *args],
-        capture_output=True,
-        text=True,
         env={**os.environ, "DATABASE_URL": database_url(), **env},
         timeout=timeout,
-        check=False,
     )

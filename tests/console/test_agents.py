@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,23 +17,21 @@ from pytest_django import Settings
 
 from console.agents import AgentNotLoadable, agent_class, agents_from_environment
 from console.selectors import startable_agents
+from tests.processes import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def django_process(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     """Run ``code`` after ``django.setup()`` with console.project.settings and ``env``."""
-    return subprocess.run(  # noqa: S603 - our own interpreter and code
-        [sys.executable, "-c", f"import django\ndjango.setup()\n{code}"],
-        cwd=ROOT,
+    return run_python(
+        f"import django\ndjango.setup()\n{code}",
         env={
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "console.project.settings",
             "PYTHONPATH": str(ROOT),
             **env,
         },
-        capture_output=True,
-        text=True,
         timeout=60,
     )
 

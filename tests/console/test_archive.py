@@ -10,7 +10,6 @@ import hashlib
 import json
 import re
 import subprocess
-import sys
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from io import StringIO
@@ -36,7 +35,7 @@ from console.models import Operation, Task, TaskState, TraceArchive, TraceEvent
 from console.records.roles import Role, assign
 from console.store import history
 from tests.console.views.support import finish
-from tests.processes import ROOT, clean_environment
+from tests.processes import ROOT, clean_environment, run_python
 
 pytestmark = pytest.mark.django_db
 
@@ -541,16 +540,11 @@ _BEAT = (
 
 
 def _settings_say(**env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # noqa: S603 - this interpreter, Django's settings
-        [sys.executable, "-c", f"import django; django.setup(); {_BEAT}"],
-        cwd=ROOT,
+    return run_python(
+        f"import django; django.setup(); {_BEAT}",
         env=clean_environment(
             only_named=True, DJANGO_SETTINGS_MODULE="console.project.settings", **env
         ),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
 
 

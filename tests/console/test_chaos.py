@@ -57,6 +57,7 @@ from console.models import AuditEntry, Operation, OperationEvent, StopReport, Ta
 from console.tasks import run_task
 from guard import Call, Evidence, Kind, Result, Settlement
 from tests import workers
+from tests.databases import database_url
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -206,7 +207,7 @@ class Chaos:
             # A message a killed worker had taken stays unacknowledged for the visibility
             # timeout; the sweep sends its task again after this instead.
             "LOOPGUARD_REQUEUE_AFTER_SECONDS": "5",
-            "DATABASE_URL": workers.database_url(),
+            "DATABASE_URL": database_url(),
         }
         self.beat: subprocess.Popen[bytes] | None = None
         self.counts = {"kill": 0, "freeze": 0, "cut": 0, "cut connections": 0}
@@ -229,14 +230,7 @@ class Chaos:
 
     def _start_beat(self) -> subprocess.Popen[bytes]:
         log = self.directory / "beat.log"
-        env = {
-            **os.environ,
-            **self.env,
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "CELERY_QUEUE": self.queue,
-            "LOOPGUARD_SWEEP_SECONDS": str(settings.LOOPGUARD_SWEEP_SECONDS),
-            "PYTHONUNBUFFERED": "1",
-        }
+        env = workers.worker_environment(self.queue, self.env)
         with log.open("wb") as out:
             beat = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "console", "beat", "-l", "info"],

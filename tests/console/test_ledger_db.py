@@ -8,13 +8,10 @@ at the same moment.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,12 +33,12 @@ from console.records.roles import Role, assign
 from console.store import LeaseLost, Step
 from guard import Call, Kind, Result
 from guard.steps import ClaimStatus, LedgerError
+from tests.databases import on_test_database
+from tests.processes import start_python
 from tests.waiting import CLAIMER, release_together
-from tests.workers import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROOT = Path(__file__).resolve().parents[2]
 OWNER = "worker-a:1:0001"
 KEY = "incident-42-first-notice"
 FP = "f" * 64
@@ -492,29 +489,8 @@ SLOT_S = 0.04
 
 
 def start_claimer(task: Task, keys: list[str]) -> subprocess.Popen[str]:
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "DATABASE_URL": database_url(),
-    }
-    return subprocess.Popen(  # noqa: S603 - our own interpreter and script
-        [
-            sys.executable,
-            "-c",
-            CLAIMER,
-            str(task.id),
-            task.lease_owner,
-            FP,
-            str(SLOT_S),
-            json.dumps(keys),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    args = [str(task.id), task.lease_owner, FP, str(SLOT_S), json.dumps(keys)]
+    return start_python(CLAIMER, *args, env=on_test_database())
 
 
 @pytest.mark.slow

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.processes import start_python
 from tests.waiting import CLAIMER, release_together, standalone_env
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 PROCESSES = 8
 FRESH_KEYS = [f"race-fresh-{n}" for n in range(30)]
 RETRY_KEYS = [f"race-retry-{n}" for n in range(10)]
@@ -55,31 +53,19 @@ print(json.dumps([[t.id, t.lease_owner] for t in racers]))
 """
 
 
-def python(script: str, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(  # noqa: S603 - our own interpreter and script
-        [sys.executable, "-c", script, *args],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def test_of_eight_processes_claiming_each_key_at_once_on_sqlite_exactly_one_wins(
     tmp_path: Path,
 ) -> None:
     env = standalone_env(tmp_path)
     tmp_path.mkdir(exist_ok=True)
-    setup = python(SETUP, str(PROCESSES), FP, json.dumps(RETRY_KEYS), env=env)
+    setup = start_python(SETUP, str(PROCESSES), FP, json.dumps(RETRY_KEYS), env=env)
     out, err = setup.communicate(timeout=120)
     assert setup.returncode == 0, err
     racers = json.loads(out.strip().splitlines()[-1])
     keys = FRESH_KEYS + RETRY_KEYS
 
     processes = [
-        python(CLAIMER, str(task_id), owner, FP, str(SLOT_S), json.dumps(keys), env=env)
+        start_python(CLAIMER, str(task_id), owner, FP, str(SLOT_S), json.dumps(keys), env=env)
         for task_id, owner in racers
     ]
     answers = release_together(processes, delay=0.3, timeout=60)
@@ -133,7 +119,7 @@ def test_after_every_migration_sqlite_history_tables_still_refuse_update_and_del
 ) -> None:
     # SQLite rebuilds a table to alter it, which drops its triggers: a later migration
     # that rebuilds a history table must put them back (as 0008 does).
-    migrate = python(MIGRATE, env=standalone_env(tmp_path))
+    migrate = start_python(MIGRATE, env=standalone_env(tmp_path))
     _, err = migrate.communicate(timeout=120)
     assert migrate.returncode == 0, err
 
@@ -210,7 +196,7 @@ print(json.dumps(out))
 def test_on_sqlite_the_runner_saves_every_step_and_a_claim_sees_a_stop_recorded_meanwhile(
     tmp_path: Path,
 ) -> None:
-    drive = python(DRIVE, env=standalone_env(tmp_path))
+    drive = start_python(DRIVE, env=standalone_env(tmp_path))
     out, err = drive.communicate(timeout=180)
     assert drive.returncode == 0, err
     seen = json.loads(out.strip().splitlines()[-1])
@@ -305,7 +291,7 @@ print(json.dumps(out))
 def test_on_sqlite_a_verified_write_whose_save_finds_the_database_locked_is_still_recorded(
     tmp_path: Path,
 ) -> None:
-    drive = python(LOCKED, env=standalone_env(tmp_path))
+    drive = start_python(LOCKED, env=standalone_env(tmp_path))
     out, err = drive.communicate(timeout=180)
     assert drive.returncode == 0, err
     seen = json.loads(out.strip().splitlines()[-1])
@@ -360,7 +346,7 @@ print(json.dumps(out))
 
 
 def test_on_sqlite_a_claim_that_rolls_back_leaves_its_carried_step_unsaved(tmp_path: Path) -> None:
-    run = python(ROLLED_BACK, env=standalone_env(tmp_path))
+    run = start_python(ROLLED_BACK, env=standalone_env(tmp_path))
     out, err = run.communicate(timeout=120)
     assert run.returncode == 0, err
     seen = json.loads(out.strip().splitlines()[-1])
@@ -414,7 +400,7 @@ print(json.dumps(out))
 def test_on_sqlite_an_attached_agents_steps_claim_once_and_report_every_write(
     tmp_path: Path,
 ) -> None:
-    steps = python(ATTACHED, env=standalone_env(tmp_path))
+    steps = start_python(ATTACHED, env=standalone_env(tmp_path))
     out, err = steps.communicate(timeout=180)
     assert steps.returncode == 0, err
     seen = json.loads(out.strip().splitlines()[-1])

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +24,7 @@ from console.demo.models import Notice, Refund
 from console.drivers import runner
 from console.models import Operation, OperationState, StopReport, Task, TaskState, TraceEvent
 from console.store import statements
+from tests.processes import run_python
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -608,15 +607,8 @@ except ValueError as refused:
 def test_a_console_installed_without_the_extra_starts_and_says_what_to_install() -> None:
     """A fresh process that never had ``openai``: the console and its agents load, and the
     model agent refuses its task with the command that installs what it needs."""
-    done = subprocess.run(  # noqa: S603 - this interpreter, a fixed script
-        [sys.executable, "-c", WITHOUT_OPENAI],
-        cwd=Path(__file__).resolve().parents[2],
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    done = run_python(WITHOUT_OPENAI, env=env)
 
     assert done.returncode == 0, done.stderr
     assert NEEDS_THE_EXTRA in done.stdout

@@ -12,7 +12,6 @@ import gzip
 import http.server
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -45,6 +44,7 @@ from console.models import (
     TraceExportTotals,
 )
 from console.records.redaction import REDACTED, preview
+from tests.processes import run_python
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -558,8 +558,5 @@ def test_the_console_imports_without_the_extra() -> None:
         "assert not [m for m in sys.modules if m.startswith('opentelemetry')]\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    done = subprocess.run(  # noqa: S603 - this interpreter, our own code
-        [sys.executable, "-c", blocker], cwd=ROOT, env=env, capture_output=True, text=True
-    )
+    done = run_python(blocker, env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"})
     assert done.stdout.strip() == "ok", done.stderr

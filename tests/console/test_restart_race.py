@@ -9,9 +9,7 @@ decision, or every racer counts the same few committed tasks and all of them run
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,12 +18,12 @@ import pytest
 from django.conf import settings
 
 from console.models import StopReport, Task, TaskState
+from tests.databases import on_test_database
+from tests.processes import run_python, start_python
 from tests.waiting import release_together, standalone_env
-from tests.workers import database_url
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 PROCESSES = 8
 ROUNDS = 2
 
@@ -58,15 +56,7 @@ call_command("migrate", verbosity=0)
 def start_starter(
     agent: str, payload: Mapping[str, object], env: Mapping[str, str]
 ) -> subprocess.Popen[str]:
-    return subprocess.Popen(  # noqa: S603 - our own interpreter and script
-        [sys.executable, "-c", STARTER, agent, json.dumps(payload)],
-        cwd=ROOT,
-        env=dict(env),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_python(STARTER, agent, json.dumps(payload), env=env)
 
 
 def race(env: Mapping[str, str], payload: Mapping[str, object]) -> list[dict[str, Any]]:
@@ -88,7 +78,7 @@ def assert_only_the_limit_ran(answers: list[dict[str, Any]], limit: int) -> None
 def test_of_eight_processes_starting_the_same_goal_at_once_only_the_limit_run() -> None:
     limit = settings.LOOPGUARD_RESTART_LIMIT
     assert limit < PROCESSES, "the race needs more starters than the limit lets run"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": database_url()}
+    env = on_test_database()
     # Two rounds, each a goal of its own: one lucky interleaving cannot pass the test.
     for round_number in range(ROUNDS):
         answers = race(env, {"pages": 1, "round": round_number})
@@ -105,15 +95,7 @@ def test_on_sqlite_the_same_race_runs_only_the_limit_too(tmp_path: Path) -> None
     # Standalone mode: SQLite's IMMEDIATE transactions serialise the starts without a lock
     # of their own.
     env = standalone_env(tmp_path)
-    migrate = subprocess.run(  # noqa: S603 - our own interpreter and script
-        [sys.executable, "-c", MIGRATE],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    migrate = run_python(MIGRATE, env=env)
     assert migrate.returncode == 0, migrate.stderr
 
     answers = race(env, {"pages": 1})

@@ -9,13 +9,14 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from tests.processes import run, run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -148,15 +149,8 @@ def test_the_app_reads_dot_env_with_debug_off_unless_it_says_otherwise(
 
 def _load_settings(**env: str) -> subprocess.CompletedProcess[str]:
     """Import the settings in a fresh interpreter with only ``env`` set."""
-    return subprocess.run(
-        [sys.executable, "-c", "import console.project.settings"],
-        cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    env = {"PATH": "/usr/bin:/bin", **env}
+    return run_python("import console.project.settings", env=env, timeout=60)
 
 
 def test_the_example_secret_key_is_a_placeholder_the_settings_refuse() -> None:
@@ -220,9 +214,7 @@ def _compose_client() -> list[str] | None:
     if shutil.which("docker-compose"):
         candidates.append(["docker-compose"])
     for command in candidates:
-        probe = subprocess.run(  # noqa: S603 - a client found on PATH, fixed arguments
-            [*command, "version"], capture_output=True, text=True, timeout=60, check=False
-        )
+        probe = run([*command, "version"], timeout=60)
         if probe.returncode == 0:
             return command
     return None
@@ -231,14 +223,10 @@ def _compose_client() -> list[str] | None:
 def _config(client: list[str], project: Path) -> subprocess.CompletedProcess[str]:
     # A bare environment: interpolation must come from the project's .env file only.
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(project)}
-    return subprocess.run(  # noqa: S603 - a client found on PATH, fixed arguments
+    return run(
         [*client, "--project-directory", str(project), "-f", str(project / COMPOSE.name), "config"],
         cwd=project,
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import email.parser
 import os
 import re
-import subprocess
 import sys
 import zipfile
 from email.message import Message
@@ -30,6 +29,7 @@ from console.api.tokens import api_token_issue
 from console.models import Operation, OperationState, Task, TaskState
 from console.records.roles import Role, assign
 from tests.docs.test_integration_examples import example_source, promised_output
+from tests.processes import run
 
 ROOT = Path(__file__).resolve().parents[2]
 GUARD, CONSOLE = "loopguard-guard", "loopguard-console"
@@ -44,10 +44,7 @@ pytestmark = pytest.mark.slow  # building a wheel takes seconds
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Both wheels, built by the command the docs give (into a folder of this test's)."""
     out = tmp_path_factory.mktemp("dist")
-    done = subprocess.run(  # noqa: S603 - our own script
-        [sys.executable, str(ROOT / "manage.py"), "dist", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+    done = run([sys.executable, str(ROOT / "manage.py"), "dist", "--out", str(out)], timeout=600)
     assert done.returncode == 0, done.stderr
     built = {name: [Path(line) for line in done.stdout.split() if _is_wheel_of(name, line)]
              for name in (GUARD, CONSOLE)}  # fmt: skip
@@ -198,9 +195,7 @@ def _outside_this_checkout() -> dict[str, str]:
 
 
 def _run(command: list[str], cwd: Path, env: dict[str, str]) -> str:
-    done = subprocess.run(  # noqa: S603 - the test's own venv and files
-        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900, check=False
-    )
+    done = run(command, cwd=cwd, env=env, timeout=900)
     assert done.returncode == 0, f"{command}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import pytest
 
 import guard
 from guard.contrib import INTEGRATIONS as TABLE
+from tests.processes import clean_environment, run_python
 
 GUARD_DIR = Path(guard.__file__).resolve().parent
 # Every module, its packages' too (guard/remote/), by its path in guard/: "remote/_guard.py".
@@ -37,17 +36,8 @@ def test_importing_guard_loads_none_of_the_consoles_stack() -> None:
         "print(json.dumps({'file': guard.__file__, 'modules': sorted(sys.modules)}))\n"
     )
     # A fresh interpreter: this test process has long since imported Django via pytest.
-    env = {**os.environ, "PYTHONPATH": str(GUARD_DIR.parent)}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    done = subprocess.run(  # noqa: S603 - our own interpreter, a fixed script, no shell
-        [sys.executable, "-c", probe],
-        cwd=GUARD_DIR.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    env = clean_environment(PYTHONPATH=str(GUARD_DIR.parent))  # no DJANGO_SETTINGS_MODULE
+    done = run_python(probe, env=env, cwd=GUARD_DIR.parent, timeout=60)
     assert done.returncode == 0, done.stderr
 
     found = json.loads(done.stdout)

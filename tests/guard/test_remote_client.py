@@ -14,8 +14,6 @@ import json
 import os
 import re
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -31,6 +29,7 @@ import guard
 from guard import Call, Evidence, Finish, Kind, Nudge, Reason, Report, Result, State
 from guard.remote import ConsoleUnreachable, ProtocolError, RemoteGuard
 from guard.steps import Action, StepGuard, Ticket, fingerprint
+from tests.processes import clean_environment, run_python
 
 from .support import Clock, make_guard, read, scripted
 
@@ -1062,17 +1061,8 @@ def test_the_integrations_take_a_remote_guard(console: Console) -> None:
 def test_importing_guard_does_not_import_the_remote_client() -> None:
     probe = "import json, sys, guard, guard.steps\nprint(json.dumps(sorted(sys.modules)))\n"
     root = Path(guard.__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    done = subprocess.run(  # noqa: S603 - our own interpreter, a fixed script, no shell
-        [sys.executable, "-c", probe],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    env = clean_environment(PYTHONPATH=str(root))  # no DJANGO_SETTINGS_MODULE
+    done = run_python(probe, env=env, cwd=root, timeout=60)
     assert done.returncode == 0, done.stderr
     loaded = set(json.loads(done.stdout))
     assert "guard.remote" not in loaded

@@ -19,7 +19,7 @@ from django.test import Client
 from django.utils import timezone
 from pytest_django.fixtures import Settings
 
-from tests.processes import ROOT, standalone_environment
+from tests.processes import run_python, standalone_environment
 
 PASSWORD = "the-right-password"
 LIMIT = 5  # the default of LOOPGUARD_LOGIN_FAILURE_LIMIT
@@ -188,19 +188,8 @@ STANDALONE = textwrap.dedent(
 
 @pytest.mark.slow
 def test_standalone_mode_throttles_sign_ins_on_sqlite_without_redis(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     env = standalone_environment(tmp_path, only_named=True, DJANGO_SETTINGS_MODULE="tests.settings")
-    done = subprocess.run(  # noqa: S603 - this interpreter, a fixed script
-        [sys.executable, "-c", STANDALONE],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_python(STANDALONE, env=env, timeout=300)
 
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[-2] == "[200, 200, 200, 200, 429, 429]"

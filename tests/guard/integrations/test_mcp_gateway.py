@@ -35,6 +35,7 @@ from console.api.tokens import api_token_issue
 from console.models import Operation, OperationState, Task, TaskState
 from console.records.roles import Role, assign
 from guard.contrib.mcp import ConfigError, GatewayConfig, ToolRule
+from tests.processes import run
 from tests.up_process import free_port
 from tests.waiting import wait_for
 
@@ -543,42 +544,36 @@ def test_an_operation_key_names_the_arguments_or_says_which_is_missing() -> None
 
 
 def test_the_gateway_without_a_console_to_ask_says_what_to_set(tmp_path: Path) -> None:
-    run = subprocess.run(  # noqa: S603 - our own module
+    done = run(
         [sys.executable, "-m", "guard.contrib.mcp", "--config", str(tmp_path / "none.json")],
-        cwd=ROOT,
         env={k: v for k, v in os.environ.items() if not k.startswith("LOOPGUARD_")},
-        capture_output=True,
-        text=True,
         timeout=60,
     )
-    assert run.returncode == 2
-    assert "set LOOPGUARD_URL" in run.stderr
-    assert run.stdout == ""  # stdout is the MCP wire: nothing else is ever written there
+    assert done.returncode == 2
+    assert "set LOOPGUARD_URL" in done.stderr
+    assert done.stdout == ""  # stdout is the MCP wire: nothing else is ever written there
 
 
 def test_a_server_that_cannot_be_reached_stops_the_start_saying_which(tmp_path: Path) -> None:
     path = tmp_path / "gateway.json"
     path.write_text(json.dumps({"servers": {"crm": {"url": f"http://127.0.0.1:{free_port()}/mcp"}}}))
-    run = subprocess.run(  # noqa: S603 - our own module
+    done = run(
         [sys.executable, "-m", "guard.contrib.mcp", "--config", str(path)],
-        cwd=ROOT,
         env={**os.environ, "LOOPGUARD_URL": "http://127.0.0.1:9", "LOOPGUARD_TOKEN": "t"},
         stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
         timeout=60,
     )
-    assert run.returncode == 2
-    assert "server 'crm' could not be reached: ConnectError" in run.stderr
-    assert run.stdout == ""
+    assert done.returncode == 2
+    assert "server 'crm' could not be reached: ConnectError" in done.stderr
+    assert done.stdout == ""
 
 
 def test_the_gateway_serves_http_on_a_loopback_address_only(tmp_path: Path) -> None:
-    run = subprocess.run(  # noqa: S603 - our own module
+    done = run(
         [sys.executable, "-m", "guard.contrib.mcp", "--config", str(tmp_path / "g.json"),
          "--http", "0.0.0.0:8765"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        timeout=60,
     )  # fmt: skip
-    assert run.returncode == 2
-    assert "0.0.0.0 is not a loopback address" in run.stderr
-    assert "checks no credentials" in run.stderr
+    assert done.returncode == 2
+    assert "0.0.0.0 is not a loopback address" in done.stderr
+    assert "checks no credentials" in done.stderr
