@@ -43,8 +43,22 @@ CHROMIUM_ARGS = [
 ]
 # The size the screenshots in docs/screenshots/ are taken at.
 VIEWPORT: ViewportSize = {"width": 1366, "height": 900}
+PHONE: ViewportSize = {"width": 390, "height": 844}
+"""A small phone's screen."""
 SCREENSHOTS = ROOT / "tests" / "artifacts" / "screenshots"
 PASSWORD = "correct horse battery staple"
+
+BROWSER_TEST = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason=f"no {CHROMIUM}: install Debian's chromium package (`manage.py test` does)",
+    ),
+]
+"""The marks of every browser test module (its ``pytestmark``): slow, on a live server's
+transactions, and skipped where there is no Chromium."""
 
 
 # -- the worker ------------------------------------------------------------------------------

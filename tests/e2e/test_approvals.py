@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
@@ -22,19 +21,10 @@ from console.services import task_start
 from tests.console.held import REFUND
 from tests.workers import Worker, wait_for
 
-from .conftest import CHROMIUM, PASSWORD, Console
+from .conftest import BROWSER_TEST, PASSWORD, PHONE, Console
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason=f"no {CHROMIUM}: install Debian's chromium package (`manage.py test` does)",
-    ),
-]
+pytestmark = BROWSER_TEST
 
-PHONE = {"width": 390, "height": 844}
 FOCUSED = "() => { const el = document.activeElement; return [el.tagName, el.id, el.textContent.trim().slice(0, 40), el.name || '', el.value || '']; }"  # noqa: E501
 
 

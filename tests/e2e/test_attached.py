@@ -13,7 +13,6 @@ import threading
 import time
 from typing import Any
 
-import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
@@ -25,17 +24,9 @@ from guard.remote import RemoteGuard
 from guard.steps import Action
 from tests.workers import wait_for
 
-from .conftest import CHROMIUM, Console
+from .conftest import BROWSER_TEST, Console
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason=f"no {CHROMIUM}: install Debian's chromium package (`manage.py test` does)",
-    ),
-]
+pytestmark = BROWSER_TEST
 
 LIMITS = {"deadline_ms": 120_000, "model_calls": 200, "requests": 200, "executions": 200}
 

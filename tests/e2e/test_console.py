@@ -13,7 +13,6 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Locator, Page, expect
 
@@ -21,17 +20,9 @@ from console import services
 from console.models import AuditEntry, EventKind, Task, TaskState, TraceEvent
 from console.records.roles import Role
 
-from .conftest import CHROMIUM, Console, Worker, wait_for
+from .conftest import BROWSER_TEST, Console, Worker, wait_for
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason=f"no {CHROMIUM}: install Debian's chromium package (`manage.py test` does)",
-    ),
-]
+pytestmark = BROWSER_TEST
 
 Shoot = Callable[[Page, str], Path]
 TASK_HEADING = re.compile(r"Task #(\d+) · ")

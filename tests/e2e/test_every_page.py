@@ -33,19 +33,10 @@ from console.records.roles import Role, assign
 from console.services import approval_reject, task_start
 from tests.console.held import REFUND
 
-from .conftest import CHROMIUM, PASSWORD, Console
+from .conftest import BROWSER_TEST, PASSWORD, PHONE, Console
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason=f"no {CHROMIUM}: install Debian's chromium package (`manage.py test` does)",
-    ),
-]
+pytestmark = BROWSER_TEST
 
-PHONE = {"width": 390, "height": 844}
 LAPTOP = {"width": 1280, "height": 800}
 # Not pages: data, fragments, exports, probes, the API (its own tests), and sign-out.
 NOT_PAGES = {"task-live", "task-report", "audit-export", "healthz", "metrics", "logout"}
