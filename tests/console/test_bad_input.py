@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,18 +15,17 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from console import services
-from console.api.tokens import api_token_issue
 from console.drivers import runner
 from console.models import AuditEntry, Operation, OperationState, Task, TaskState
 from console.records import inputs
 from console.records.inputs import KEPT_DEPTH, MAX_DEPTH, InputRefused
 from console.records.redaction import redact
-from console.records.roles import Role, assign
+from console.records.roles import Role
 
 from . import test_model_agent as chat
-from .api.helpers import ApiClient, bearer, unknown_operation
+from .api.helpers import ApiClient, nested, unknown_operation
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("enqueued")]
 
 KEY = "order/42/refund"
 START_FORM = {"agent": "test_reader", "input": "{}", "limits": "", "reason": "nightly"}
@@ -36,47 +35,6 @@ def brackets(levels: int) -> str:
     """JSON text nesting ``levels`` lists."""
     return "[" * levels + "]" * levels
 
-
-def nested(levels: int, leaf: Any = "deep") -> Any:
-    """A value nesting ``levels`` lists around ``leaf``."""
-    value = leaf
-    for _ in range(levels):
-        value = [value]
-    return value
-
-
-@pytest.fixture(autouse=True)
-def enqueued(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """Task ids handed to Celery, kept here instead of going to Redis."""
-    from console.tasks import run_task
-
-    ids: list[int] = []
-    monkeypatch.setattr(run_task, "delay", ids.append)
-    yield ids
-
-
-@pytest.fixture
-def person(db: None) -> Callable[[Role], User]:
-    made: list[User] = []
-
-    def make(role: Role) -> User:
-        made.append(User.objects.create_user(f"{role}-{len(made)}"))
-        assign(made[-1], (role,))
-        return made[-1]
-
-    return make
-
-
-@pytest.fixture
-def api(person: Callable[[Role], User]) -> Callable[[Role], ApiClient]:
-    """A client holding a token of someone with ``role``; its answers are checked against
-    the OpenAPI document."""
-
-    def make(role: Role) -> ApiClient:
-        _, secret = api_token_issue(user=person(role), name="tests")
-        return bearer(secret)
-
-    return make
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from console.models import (
 from console.records.redaction import MAX_DEPTH, REDACTED, redact_text
 from console.records.roles import Role, assign
 from guard import Call, Evidence, Finish, Kind, Result
-from tests.console.api.helpers import bearer, unknown_operation
+from tests.console.api.helpers import bearer, nested, unknown_operation
 from tests.console.views.support import streamed
 
 pytestmark = pytest.mark.django_db
@@ -68,14 +68,6 @@ def post_json(client: Client, url: str, body: Mapping[str, Any]) -> Any:
 
 def shows_a_secret(text: str) -> bool:
     return any(secret in text for secret in SECRETS)
-
-
-def nested(depth: int) -> Any:
-    """A value whose innermost element lies ``depth`` levels down (0: the value itself)."""
-    value: Any = "deepest"
-    for _ in range(depth):
-        value = [value]
-    return value
 
 
 def stopped_task(start: Start, by: User) -> Task:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,7 +17,6 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from console import services
-from console.api.tokens import api_token_issue
 from console.models import AuditEntry, Operation, OperationState, StepRequest, Task, TraceEvent
 from console.records.inputs import (
     KEPT_DEPTH,
@@ -29,22 +28,14 @@ from console.records.inputs import (
     MAX_TEXT_CHARS,
     json_size,
 )
-from console.records.roles import Role, assign
+from console.records.roles import Role
 
-from .api.helpers import ApiClient, bearer, unknown_operation
+from .api.helpers import ApiClient, nested, unknown_operation
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("enqueued")]
 
 KEY = "order/42/refund"
 TOOLS = {"lookup": "read", "refund": "write"}
-
-
-def nested(levels: int, leaf: Any = "deep") -> Any:
-    """A value nesting ``levels`` lists around ``leaf``."""
-    value = leaf
-    for _ in range(levels):
-        value = [value]
-    return value
 
 
 def sized(most: int, **around: Any) -> dict[str, Any]:
@@ -54,35 +45,6 @@ def sized(most: int, **around: Any) -> dict[str, Any]:
     assert json_size(value) == most
     return value
 
-
-@pytest.fixture(autouse=True)
-def enqueued(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """Task ids handed to Celery, kept here instead of going to Redis."""
-    from console.tasks import run_task
-
-    ids: list[int] = []
-    monkeypatch.setattr(run_task, "delay", ids.append)
-    yield ids
-
-
-@pytest.fixture
-def person(db: None) -> Callable[[Role], User]:
-    count = itertools.count()
-
-    def make(role: Role) -> User:
-        user = User.objects.create_user(f"{role}-{next(count)}")
-        assign(user, (role,))
-        return user
-
-    return make
-
-
-@pytest.fixture
-def api(person: Callable[[Role], User]) -> Callable[[Role], ApiClient]:
-    def make(role: Role) -> ApiClient:
-        return bearer(api_token_issue(user=person(role), name="tests")[1])
-
-    return make
 
 
 class Agent:

@@ -1,8 +1,9 @@
-"""Fixtures of the API tests: callers holding a token with roles, Celery kept out."""
+"""Fixtures of the API tests: callers holding a token with roles (Celery is kept out by
+``enqueued`` of tests/console/conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from django.contrib.auth.models import User
@@ -27,13 +28,3 @@ def caller(db: None) -> Callable[..., Caller]:
 @pytest.fixture
 def admin(caller: Callable[..., Caller]) -> Caller:
     return caller(Role.ADMIN)
-
-
-@pytest.fixture
-def enqueued(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """Task ids the services hand to Celery, kept here instead of going to Redis."""
-    from console.tasks import run_task
-
-    ids: list[int] = []
-    monkeypatch.setattr(run_task, "delay", ids.append)
-    yield ids

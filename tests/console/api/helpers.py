@@ -127,6 +127,14 @@ def error(response: Any, status: int) -> str:
     return str(response.json()["error"])
 
 
+def nested(levels: int, leaf: Any = "deep") -> Any:
+    """A value nesting ``levels`` lists around ``leaf``."""
+    value = leaf
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
 def unknown_operation(task: Task, key: str = "order/42/refund") -> Operation:
     """:func:`tests.console.doubt.unknown_operation`, under the API tests' usual key."""
     return doubt.unknown_operation(task, key)

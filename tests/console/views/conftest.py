@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
@@ -24,13 +22,8 @@ from .support import (
 
 
 @pytest.fixture(autouse=True)
-def enqueued(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """Task ids handed to Celery, kept here instead of going to Redis."""
-    from console.tasks import run_task
-
-    ids: list[int] = []
-    monkeypatch.setattr(run_task, "delay", ids.append)
-    yield ids
+def celery_kept_out(enqueued: list[int]) -> None:
+    """No page test hands a task to Celery: ``enqueued`` keeps the ids instead."""
 
 
 @pytest.fixture
