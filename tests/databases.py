@@ -65,6 +65,13 @@ def end_session(pid: int) -> None:
         wait_for(gone, timeout=5, what=f"session {pid} to end")
 
 
+def cut_own_session() -> None:
+    """End Django's own session (this thread's) from a session of our own and wait until it
+    is gone: a real lost database for the next statement Django sends."""
+    connection.ensure_connection()
+    end_session(connection.connection.info.backend_pid)
+
+
 @contextmanager
 def own_database(suffix: str) -> Iterator[str]:
     """A new, empty database named after the test database and ``suffix`` (one left by an

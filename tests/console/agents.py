@@ -6,29 +6,16 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import psycopg
-from django.db import connection
-
 from console.agents import Agent, Tool
 from console.demo import desk
 from console.demo.models import Notice
 from guard import Call, Evidence, Finish, Kind, Result, Settlement
+from tests.databases import cut_own_session
 
 
 def _sleep(ms: Any) -> None:
     if ms:
         time.sleep(float(ms) / 1000.0)
-
-
-def _cut_own_connection() -> None:
-    """Kill this thread's database session from another one: a real lost database."""
-    connection.ensure_connection()
-    pid = connection.connection.info.backend_pid
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    with psycopg.connect(**params, autocommit=True) as other:
-        other.execute("SELECT pg_terminate_backend(%s)", [pid])
 
 
 class NoticeWriter(Agent):
@@ -69,7 +56,7 @@ class NoticeWriter(Agent):
         if key.endswith(f"-notice-{self.input.get('cut')}") and desk.fault_trip_once(
             operation_key=f"{key}#cut"
         ):
-            _cut_own_connection()  # the send below meets a database that went away
+            cut_own_session()  # the send below meets a database that went away
         desk.notice_send(
             order_number=None,
             recipient="ops@example.com",

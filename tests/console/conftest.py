@@ -16,7 +16,7 @@ from console.models import Approval, Task
 from console.records.roles import Role, assign
 from console.services import task_start
 
-from .api.helpers import ApiClient, bearer
+from .api.helpers import ApiClient, Caller, bearer
 from .held import hold_refund
 
 
@@ -46,6 +46,20 @@ def api(person: Callable[[Role], User]) -> Callable[[Role], ApiClient]:
     def make(role: Role) -> ApiClient:
         _, secret = api_token_issue(user=person(role), name="tests")
         return bearer(secret)
+
+    return make
+
+
+@pytest.fixture
+def caller(db: None) -> Callable[..., Caller]:
+    """Make a caller of the API: a person with ``roles`` (named after them unless
+    ``username`` is given) holding a token of their own."""
+
+    def make(*roles: Role, username: str = "") -> Caller:
+        user = User.objects.create_user(username or "-".join(roles) or "nobody")
+        assign(user, roles)
+        token, secret = api_token_issue(user=user, name="tests")
+        return Caller(user, token, secret, bearer(secret))
 
     return make
 

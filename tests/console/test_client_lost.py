@@ -20,7 +20,6 @@ from django.test import override_settings
 from django.utils import timezone
 
 from console import services
-from console.api.tokens import api_token_issue
 from console.drivers import notifications, runner
 from console.models import (
     EventKind,
@@ -38,7 +37,7 @@ from console.models import (
 )
 from console.records.roles import Role, assign
 from console.templatetags.console import stamp
-from tests.console.api.helpers import Caller, bearer
+from tests.console.api.helpers import Caller
 from tests.console.api.test_attached import Client
 from tests.processes import run_settings
 
@@ -48,17 +47,6 @@ HOUR = timedelta(seconds=3600)  # the setting's default
 PRINT_SETTING = (
     "from django.conf import settings\nprint(settings.LOOPGUARD_ATTACHED_CLIENT_LOST_SECONDS)\n"
 )
-
-
-@pytest.fixture
-def caller(db: None) -> Callable[..., Caller]:
-    def make(*roles: Role, username: str = "") -> Caller:
-        user = User.objects.create_user(username or "-".join(roles))
-        assign(user, roles)
-        token, secret = api_token_issue(user=user, name="tests")
-        return Caller(user, token, secret, bearer(secret))
-
-    return make
 
 
 @pytest.fixture

@@ -44,6 +44,7 @@ from console.models import (
     TraceExportTotals,
 )
 from console.records.redaction import REDACTED, preview
+from tests.console.doubt import settle_sent_and_resume
 from tests.processes import run_python
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -222,12 +223,7 @@ def _resumed_task(start: Start, operator: User) -> Task:
     task = start("test_notices", {"count": 2, "lose": 1, "auto_lookup": False})
     runner.drive(task.id)
     key = f"task-{task.id}-notice-1"
-    services.operation_mark_committed(
-        key=key, actor=operator, evidence="notice row 1 exists in the desk", result={"sent": key}
-    )
-    services.task_approve_resumption(
-        task_id=task.id, actor=operator, reason="notice verified", enqueue=lambda i: None
-    )
+    settle_sent_and_resume(task, key, operator)
     runner.drive(task.id)
     task.refresh_from_db()
     return task

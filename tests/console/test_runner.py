@@ -9,7 +9,6 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 import pytest
 from django.contrib.auth.models import User
 from django.db import DatabaseError, connection, connections
@@ -29,6 +28,8 @@ from console.models import (
     TraceEvent,
 )
 from console.store import postgresql, statements
+from tests.console.doubt import settle_sent_and_resume
+from tests.databases import cut_own_session
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -123,12 +124,7 @@ def test_resumption_after_reconciliation_keeps_counters_and_never_repeats_the_wr
         services.task_approve_resumption(
             task_id=task.id, actor=operator, reason="go on", enqueue=lambda i: None
         )
-    services.operation_mark_committed(
-        key=key, actor=operator, evidence="notice row 1 exists in the desk", result={"sent": key}
-    )
-    services.task_approve_resumption(
-        task_id=task.id, actor=operator, reason="notice verified", enqueue=lambda i: None
-    )
+    settle_sent_and_resume(task, key, operator)
     runner.drive(task.id)
 
     task.refresh_from_db()
@@ -217,7 +213,7 @@ def test_an_unreachable_database_at_the_claim_means_nothing_executes(
     def claim_after_losing_the_connection(self: DatabaseLedger, key: str, fp: str) -> Any:
         if not cut and key.endswith("-notice-2"):
             cut.append(key)
-            _terminate(connection)
+            cut_own_session()
         return real_claim(self, key, fp)
 
     monkeypatch.setattr(DatabaseLedger, "claim", claim_after_losing_the_connection)
@@ -364,17 +360,6 @@ def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
         if time.monotonic() > end:
             raise AssertionError("timed out waiting")
         time.sleep(0.02)
-
-
-def _terminate(conn: Any) -> None:
-    """Kill ``conn``'s server process from another connection: a real lost database."""
-    conn.ensure_connection()
-    pid = conn.connection.info.backend_pid
-    params = conn.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    with psycopg.connect(**params, autocommit=True) as other:
-        other.execute("SELECT pg_terminate_backend(%s)", [pid])
 
 
 def test_credentials_quoted_in_a_tool_error_are_masked_before_anything_is_stored(
@@ -573,7 +558,7 @@ def test_a_resumed_phase_remembers_the_operations_it_touched_before_the_crash(
 
     def claim_after_losing_the_connection(self: DatabaseLedger, key: str, fp: str) -> Any:
         if key.endswith("-notice-3") and not Task.objects.get(id=task.id).recoveries:
-            _terminate(connection)
+            cut_own_session()
         return real_claim(self, key, fp)
 
     monkeypatch.setattr(DatabaseLedger, "claim", claim_after_losing_the_connection)
@@ -700,7 +685,7 @@ def test_a_verified_write_whose_save_is_cut_off_is_still_recorded_committed(
     def fetch_one_cut_at_the_first_record(sql: str, params: Any) -> Any:
         if not cut and "moved AS" in sql:
             cut.append(sql)
-            _terminate(connection)
+            cut_own_session()
         return real_fetch_one(sql, params)
 
     monkeypatch.setattr(postgresql, "fetch_one", fetch_one_cut_at_the_first_record)

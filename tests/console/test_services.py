@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from console import lifecycle, services
-from console.drivers.ledger import DatabaseLedger
+from console import services
 from console.models import (
     AuditEntry,
     Operation,
@@ -21,22 +19,12 @@ from console.models import (
     Task,
     TaskState,
 )
+from tests.console import doubt
 
 pytestmark = pytest.mark.django_db
 
 Start = Callable[..., Task]
-
-
-def _unknown_operation(task: Task, key: str = "incident-42-first-notice") -> Operation:
-    """A write whose driver vanished mid-execution: claimed, then settled UNKNOWN."""
-    Task.objects.filter(id=task.id).update(
-        state=TaskState.RUNNING, lease_owner="gone:1", lease_expires_at=timezone.now()
-    )
-    DatabaseLedger(task_id=task.id, owner="gone:1").claim(key, "a" * 64)
-    task.refresh_from_db()
-    with transaction.atomic():
-        lifecycle.recover(task, why="test")
-    return Operation.objects.get(key=key)
+KEY = "incident-42-first-notice"
 
 
 def test_starting_a_task_enqueues_it_once_the_transaction_commits(
@@ -155,7 +143,7 @@ def test_marking_an_unknown_operation_committed_adds_a_fact_and_an_audit_entry(
     start: Start, operator: User
 ) -> None:
     task = start("test_notices", {"count": 1})
-    op = _unknown_operation(task)
+    op = doubt.unknown_operation(task, KEY)
 
     services.operation_mark_committed(
         key=op.key, actor=operator, evidence="desk notice #17", result={"notice": 17}
@@ -185,12 +173,7 @@ def test_an_operation_still_being_executed_cannot_be_settled_by_a_human(
     start: Start, operator: User
 ) -> None:
     task = start("test_notices", {"count": 1})
-    Task.objects.filter(id=task.id).update(
-        state=TaskState.RUNNING,
-        lease_owner="w:1",
-        lease_expires_at=timezone.now() + timedelta(minutes=1),
-    )
-    DatabaseLedger(task_id=task.id, owner="w:1").claim("order-1-refund", "b" * 64)
+    doubt.in_flight_operation(task, "order-1-refund")
 
     with pytest.raises(services.Refused, match="being executed"):
         services.operation_mark_not_committed(key="order-1-refund", actor=operator, evidence="?")
@@ -199,7 +182,7 @@ def test_an_operation_still_being_executed_cannot_be_settled_by_a_human(
 
 def test_settling_needs_evidence_and_an_existing_key(start: Start, operator: User) -> None:
     task = start("test_notices", {"count": 1})
-    op = _unknown_operation(task)
+    op = doubt.unknown_operation(task, KEY)
     with pytest.raises(services.InvalidInput, match="evidence"):
         services.operation_mark_committed(key=op.key, actor=operator, evidence="")
     with pytest.raises(services.NotFound):
@@ -303,7 +286,8 @@ def test_history_tables_refuse_updates_and_deletes_in_the_database(
     start: Start, operator: User, table: str
 ) -> None:
     task = start("test_notices", {"count": 1})
-    _unknown_operation(task)  # writes an operation history, a stop report and a trace event
+    # Writes an operation history, a stop report and a trace event.
+    doubt.unknown_operation(task, KEY)
     for statement in (f"UPDATE {table} SET id = id", f"DELETE FROM {table}"):  # noqa: S608
         with (
             pytest.raises(DatabaseError, match="append-only"),

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.utils import timezone
 
-from console.drivers.ledger import DatabaseLedger
-from console.models import AuditEntry, Operation, OperationEvent, OperationState, Task, TaskState
+from console.models import AuditEntry, Operation, OperationEvent, OperationState, Task
 from console.records.roles import Role
+from tests.console.doubt import in_flight_operation
 
 from .helpers import Caller, error, unknown_operation
 
@@ -83,12 +81,7 @@ def test_an_operation_still_being_executed_is_a_409_with_the_reason(
     admin: Caller, start: Start
 ) -> None:
     task = start("test_notices", {"count": 1})
-    Task.objects.filter(id=task.id).update(
-        state=TaskState.RUNNING,
-        lease_owner="w:1",
-        lease_expires_at=timezone.now() + timedelta(minutes=1),
-    )
-    DatabaseLedger(task_id=task.id, owner="w:1").claim("order-1-refund", "b" * 64)
+    in_flight_operation(task, "order-1-refund")
 
     response = admin.post(
         "/api/operations/order-1-refund/resolve", {"committed": False, "evidence": "?"}
