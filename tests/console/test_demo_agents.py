@@ -50,6 +50,7 @@ from guard import (
     State,
     Usage,
 )
+from tests.guard.support import Clock
 
 pytestmark = pytest.mark.django_db
 
@@ -123,21 +124,6 @@ def drive(
 def outcome(run: Run) -> tuple[State, Reason, int]:
     """State, reason and real tool executions: the behaviour table's columns."""
     return (run.report.state, run.report.reason, run.executed)
-
-
-class FakeClock:
-    """Milliseconds that only move when the guard waits (and say how long it waited)."""
-
-    def __init__(self) -> None:
-        self.ms = 0.0
-        self.waits: list[float] = []
-
-    def now(self) -> float:
-        return self.ms
-
-    def wait(self, ms: float) -> None:
-        self.waits.append(ms)
-        self.ms += ms
 
 
 # -- the registry --------------------------------------------------------------------------
@@ -429,7 +415,7 @@ def test_waiting_for_a_slow_job_past_the_deadline_stops_as_deadline_without_anot
 
 
 def test_a_slow_job_with_a_long_deadline_waits_between_polls_until_it_is_done() -> None:
-    clock = FakeClock()
+    clock = Clock()
     limits = {**SlowJob.default_limits, "deadline_ms": 60_000}
 
     run = drive(
@@ -445,7 +431,7 @@ def test_a_slow_job_with_a_long_deadline_waits_between_polls_until_it_is_done() 
 
 
 def test_an_operator_stop_while_the_slow_job_waits_ends_it_without_another_poll() -> None:
-    clock = FakeClock()
+    clock = Clock()
     stop = {"requested": False}
 
     def wait(ms: float) -> None:

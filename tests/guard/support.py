@@ -1,4 +1,5 @@
-"""Small fakes for replaying a guarded task offline: a clock, scripted agents, counters.
+"""Small fakes for replaying a guarded task offline: a clock, scripted agents, counters, a
+shop whose functions an agent framework calls.
 
 A scripted step is a value to return, an exception to raise, or a function of the input
 (the observation for a planner, the call for an executor, ``(result, subject)`` for an
@@ -24,6 +25,8 @@ __all__ = [
     "Planner",
     "Records",
     "Script",
+    "Shop",
+    "Sleeps",
     "assert_stays_stopped",
     "base_limits",
     "functions",
@@ -65,6 +68,16 @@ class Clock:
     def advance(self, ms: float) -> None:
         """Let time pass without anybody waiting (a slow tool, a slow model)."""
         self.ms += ms
+
+
+class Sleeps:
+    """The remote client's injected sleep: records each wait, waits for none."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
 
 
 def make_guard(clock: Clock, limits: Limits = BASE_LIMITS, **options: Any) -> Guard:
@@ -283,6 +296,29 @@ def tools(**handlers: Callable[[Call], Any]) -> Executor:
 def functions(script: Script) -> tuple[Any, Any, Any]:
     """The planner, executor and inspector of ``script``, for ``run`` or a loop of steps."""
     return script.plan, script.execute, script.inspect
+
+
+class Shop:
+    """A tiny business system whose functions count their real executions."""
+
+    def __init__(self) -> None:
+        self.lookups: list[int] = []
+        self.refunds: list[int] = []
+
+    def find_order(self, order: int) -> str:
+        """Find an order by its number."""
+        self.lookups.append(order)
+        return f"order {order}: delivered, 30 EUR"
+
+    def send_refund(self, order: int) -> str:
+        """Refund an order."""
+        self.refunds.append(order)
+        return f"refund {len(self.refunds)} sent for order {order}"
+
+    def lose_refund(self, order: int) -> str:
+        """Refund an order (its response gets lost)."""
+        self.refunds.append(order)
+        raise TimeoutError("the payment service did not answer")
 
 
 def succeed(call: Call) -> Result:

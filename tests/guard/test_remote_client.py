@@ -31,7 +31,7 @@ from guard.remote import ConsoleUnreachable, ProtocolError, RemoteGuard
 from guard.steps import Action, StepGuard, Ticket, fingerprint
 from tests.processes import clean_environment, run_python
 
-from .support import Clock, make_guard, read, scripted
+from .support import Clock, Sleeps, make_guard, read, scripted
 
 TOKEN = "lg_test_token"
 TOOLS = {"lookup_order": "read", "refund": "write"}
@@ -188,16 +188,6 @@ def console() -> Iterator[Console]:
     served = Console()
     yield served
     served.close()
-
-
-class Sleeps:
-    """The client's injected sleep: records each backoff, waits for none."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
 
 
 def script_one_read(console: Console) -> None:

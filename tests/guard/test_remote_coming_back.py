@@ -14,7 +14,8 @@ import pytest
 from guard import Kind, Result, Settlement
 from guard.remote import ProtocolError, RemoteGuard
 
-from .test_remote_client import TOKEN, Console, Sleeps, ok, refused
+from .support import Sleeps
+from .test_remote_client import TOKEN, Console, ok, refused
 
 INTERRUPTED = {"ticket": 0, "tool": "refund", "effect": "write",
                "operation_key": "refund-42", "status": "executing"}  # fmt: skip

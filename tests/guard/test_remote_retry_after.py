@@ -18,6 +18,8 @@ import pytest
 
 from guard.remote import ConsoleUnreachable, ProtocolError, RemoteGuard
 
+from .support import Sleeps
+
 Answer = tuple[int, dict[str, str]]
 """A status and the headers that come with it; a 201 carries a started task."""
 
@@ -71,16 +73,6 @@ def _started(request_id: str) -> dict[str, Any]:
 def _failure(status: int) -> dict[str, str]:
     codes = {503: "database_unavailable", 429: "throttled", 409: "refused"}
     return {"error": "not now", "code": codes.get(status, "internal_error")}
-
-
-class Sleeps:
-    """The client's injected sleep: records each wait, waits for none."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
 
 
 @pytest.fixture

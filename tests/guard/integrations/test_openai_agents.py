@@ -21,31 +21,10 @@ from agents.testing import ModelStep, ScriptedModel, assistant_message, function
 from guard import Call, Evidence, Finish, Guard, Limits, OperationState, Result  # noqa: E402
 from guard.contrib.openai_agents import GuardedOutcome, GuardedRun, GuardStopped  # noqa: E402
 
+from ..support import Shop  # noqa: E402
+
 LIMITS = Limits(deadline_ms=60_000, model_calls=8, requests=8, executions=6, same=2, stagnant=3)
 QUIET = RunConfig(tracing_disabled=True)  # no trace export to OpenAI from the tests
-
-
-class Shop:
-    """A tiny business system whose functions count their real executions."""
-
-    def __init__(self) -> None:
-        self.lookups: list[int] = []
-        self.refunds: list[int] = []
-
-    def find_order(self, order: int) -> str:
-        """Find an order by its number."""
-        self.lookups.append(order)
-        return f"order {order}: delivered, 30 EUR"
-
-    def send_refund(self, order: int) -> str:
-        """Refund an order."""
-        self.refunds.append(order)
-        return f"refund {len(self.refunds)} sent for order {order}"
-
-    def lose_refund(self, order: int) -> str:
-        """Refund an order (its response gets lost)."""
-        self.refunds.append(order)
-        raise TimeoutError("the payment service did not answer")
 
 
 def refund_key(args: Any) -> str:

@@ -14,23 +14,15 @@ import pytest
 
 pytest.importorskip("agents")
 
-from agents import Agent, RunConfig
-from agents.items import ToolCallOutputItem
+from agents import Agent
 from agents.testing import ScriptedModel, assistant_message, function_call
 
 from guard import Call, Evidence, Finish, Guard, Kind, Limits, OperationState, Result
-from guard.contrib.openai_agents import GuardedOutcome, GuardedRun
+from guard.contrib.openai_agents import GuardedRun
+
+from .test_openai_agents import QUIET, outputs
 
 LIMITS = Limits(deadline_ms=60_000, model_calls=12, requests=12, executions=10, polls=5)
-QUIET = RunConfig(tracing_disabled=True)  # no trace export to OpenAI from the tests
-
-
-def outputs(outcome: GuardedOutcome) -> list[str]:
-    """What the tools answered the model, in order, however the run ended."""
-    items = outcome.result.new_items if outcome.result is not None else ()
-    if outcome.run_data is not None:
-        items = outcome.run_data.new_items
-    return [str(item.output) for item in items if isinstance(item, ToolCallOutputItem)]
 
 
 def looks(n: int) -> list[Any]:

@@ -23,6 +23,8 @@ from guard import Guard, Kind, Limits, Nudge, Report, Result  # noqa: E402
 from guard.adapters import ToolSpec, calls_from_openai, openai_tool_messages  # noqa: E402
 from guard.steps import Action  # noqa: E402
 
+from ..support import Shop  # noqa: E402
+
 LIMITS = Limits(deadline_ms=60_000, model_calls=8, requests=8, executions=6, same=2, stagnant=3)
 
 
@@ -149,20 +151,6 @@ def tool_calls(*calls: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-class Shop:
-    def __init__(self) -> None:
-        self.lookups: list[int] = []
-        self.refunds: list[int] = []
-
-    def find_order(self, order: int) -> str:
-        self.lookups.append(order)
-        return f"order {order}: delivered"
-
-    def send_refund(self, order: int) -> str:
-        self.refunds.append(order)
-        return f"refund sent for order {order}"
-
-
 SPECS = {
     "find_order": ToolSpec("read"),
     "send_refund": ToolSpec("write", lambda args: f"refund-order-{args['order']}"),
@@ -217,7 +205,8 @@ def test_a_plain_loop_reads_writes_once_and_ends_with_the_report(shop: Shop):
     assert report.tokens == 60
     last = server.requests[-1]["messages"]
     answers = [m["content"] for m in last if m["role"] == "tool"]
-    assert answers == ['"order 42: delivered"', *['"refund sent for order 42"'] * 2]
+    # The second refund is handed the first one's stored answer: refund 1, not a refund 2.
+    assert answers == ['"order 42: delivered, 30 EUR"', *['"refund 1 sent for order 42"'] * 2]
 
 
 def test_a_plain_loop_repeating_one_call_is_stopped_same_call_before_it_runs_again(shop: Shop):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,10 +23,9 @@ import pytest
 pytest.importorskip("langchain")  # the extras are missing: the test command installs them
 pytest.importorskip("agents")
 
-from agents import Agent, RunConfig
+from agents import Agent
 from agents.testing import ScriptedModel, assistant_message, function_call
 from langchain.agents import create_agent
-from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.tools import BaseTool, tool
 
@@ -47,12 +46,13 @@ from guard.contrib.openai_agents import GuardedRun
 from guard.steps import ENDED_WITHOUT_ANSWER
 
 from ..support import Clock
+from .test_langchain_result_kinds import OfflineChatModel
+from .test_openai_agents import QUIET
 
 LIMITS = Limits(
     deadline_ms=60_000, model_calls=12, requests=12, executions=10, same=2, stagnant=3, polls=5
 )
 WAIT_MS = 1  # what a RETRYABLE or PENDING answer asks for (the SDK run really sleeps it)
-QUIET = RunConfig(tracing_disabled=True)  # no trace export from the tests
 
 SPECS = {
     "export_status": ToolSpec("read"),
@@ -271,13 +271,6 @@ def under_guard_run(loop: Loop) -> Ended:
 
     report = guard.run(plan, execute, desk.inspect if loop.inspected else None)
     return Ended(report, desk, clock.waits)
-
-
-class OfflineChatModel(FakeMessagesListChatModel):
-    """LangChain's fake chat model with the ``bind_tools`` an agent needs."""
-
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> OfflineChatModel:
-        return self
 
 
 def langchain_tools(desk: Desk) -> list[BaseTool]:
