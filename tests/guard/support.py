@@ -32,6 +32,7 @@ __all__ = [
     "functions",
     "make_guard",
     "notice",
+    "page_after_page",
     "read",
     "roomy",
     "scripted",
@@ -269,6 +270,13 @@ def roomy(**changes: Any) -> Limits:
 def read(tool: str, **args: Any) -> Call:
     """A read of ``tool`` with keyword arguments."""
     return Call(tool, args)
+
+
+def page_after_page(first: int = 1) -> Callable[[Any], Call]:
+    """A model's step reading page after page from ``first``, each read a new call (never a
+    repeat); it runs out (raises) after page 999, so that a guard that never stops fails."""
+    pages = iter(range(first, 1000))
+    return lambda observation: read("read_page", page=next(pages))
 
 
 class Records:

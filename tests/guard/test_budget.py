@@ -26,6 +26,7 @@ from .support import (
     base_limits,
     functions,
     make_guard,
+    page_after_page,
     read,
     roomy,
     scripted,
@@ -37,11 +38,11 @@ from .support import (
 
 def test_tokens_reported_by_the_planner_stop_the_task_before_the_next_model_call() -> None:
     guard = make_guard(Clock(), roomy(tokens=100))
-    pages = iter(range(1, 100))
+    next_page = page_after_page()
 
     def plan(observation: Any) -> Call:
         guard.spend_tokens(60)
-        return read("read_page", page=next(pages))
+        return next_page(observation)
 
     script = Script(Planner(plan), Executor(Result(Kind.SUCCESS)))
 
@@ -98,7 +99,6 @@ def test_each_internal_retry_counts_as_one_execution() -> None:
 def progress_by_page(first_page: int = 1, clock: Clock | None = None, ms: int = 0) -> Script:
     """A model reading page after page, each page a verified step forward taking ``ms``."""
     records = Records()
-    pages = iter(range(first_page, 1000))
 
     def read_page(call: Call) -> Result:
         if clock is not None:
@@ -107,7 +107,7 @@ def progress_by_page(first_page: int = 1, clock: Clock | None = None, ms: int = 
         return Result(Kind.SUCCESS)
 
     return Script(
-        Planner(lambda observation: read("read_page", page=next(pages))),
+        Planner(page_after_page(first_page)),
         tools(read_page=read_page),
         Inspector(records.inspect),
     )

@@ -11,9 +11,19 @@ from typing import Any
 
 import pytest
 
-from guard import Call, Evidence, Finish, Guard, Kind, Limits, Price, Reason, Result, State, Usage
+from guard import Evidence, Finish, Guard, Kind, Limits, Price, Reason, Result, State, Usage
 
-from .support import Clock, Executor, Planner, Script, make_guard, read, roomy, scripted
+from .support import (
+    Clock,
+    Executor,
+    Planner,
+    Script,
+    make_guard,
+    page_after_page,
+    read,
+    roomy,
+    scripted,
+)
 
 # -- prices and limits ---------------------------------------------------------------------
 
@@ -193,17 +203,13 @@ def test_a_spend_budget_already_used_up_refuses_even_a_free_model_call() -> None
 
 def test_run_reserves_each_model_calls_cost_and_stops_when_the_next_does_not_fit() -> None:
     guard = make_guard(Clock(), roomy(spend=100))
-    pages = iter(range(1, 100))
     seen: list[Any] = []
 
     def reserve(observation: Any) -> int:
         seen.append(observation)
         return 30
 
-    def plan(observation: Any) -> Call:
-        return read("read_page", page=next(pages))
-
-    script = Script(Planner(plan), Executor(Result(Kind.SUCCESS, {"ok": True})))
+    script = Script(Planner(page_after_page()), Executor(Result(Kind.SUCCESS, {"ok": True})))
 
     report = script.run(guard, reserve=reserve)
 

@@ -25,6 +25,7 @@ from .support import (
     assert_stays_stopped,
     make_guard,
     notice,
+    page_after_page,
     read,
     roomy,
     scripted,
@@ -33,11 +34,7 @@ from .support import (
 
 def _pages() -> Script:
     """A model reading page after page, each read a new call (no repeats)."""
-    pages = iter(range(1, 1000))
-    return Script(
-        Planner(lambda observation: read("read_page", page=next(pages))),
-        Executor(Result(Kind.SUCCESS)),
-    )
+    return Script(Planner(page_after_page()), Executor(Result(Kind.SUCCESS)))
 
 
 def _out_of_model_calls() -> tuple[Guard, Script, Report]:
@@ -88,11 +85,11 @@ def test_the_summary_goes_into_the_report_and_is_charged_beyond_the_budget() -> 
 
 def test_a_summary_may_spend_past_an_exhausted_token_budget() -> None:
     guard = make_guard(Clock(), roomy(tokens=100))
-    pages = iter(range(1, 100))
+    next_page = page_after_page()
 
     def plan(observation: Any) -> Call:
         guard.spend_tokens(60)
-        return read("read_page", page=next(pages))
+        return next_page(observation)
 
     Script(Planner(plan), Executor(Result(Kind.SUCCESS))).run(guard)
     assert guard.summary_turn() is not None
