@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from hypothesis import HealthCheck, settings
+
 from guard import Call, Evidence, Finish, Guard, Kind, Limits, Report, Result
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "make_guard",
     "notice",
     "page_after_page",
+    "property_settings",
     "read",
     "roomy",
     "scripted",
@@ -327,6 +330,17 @@ class Shop:
         """Refund an order (its response gets lost)."""
         self.refunds.append(order)
         raise TimeoutError("the payment service did not answer")
+
+
+def property_settings(max_examples: int) -> settings:
+    """Hypothesis settings for a property of the guard: ``max_examples`` examples, the same
+    on every run (CI never turns red by chance), with no deadline per example."""
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
 
 
 def succeed(call: Call) -> Result:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from guard import (
@@ -36,15 +36,10 @@ from guard import (
 )
 from guard.steps import Claim, ClaimStatus, Operation, fingerprint
 
-from .support import Clock
+from .support import Clock, property_settings
 
 # Each example is a few dozen steps at most; keep the whole file well under 20 s.
-PROPERTY = settings(
-    max_examples=200,
-    deadline=None,
-    derandomize=True,  # the same examples on every run: CI never turns red by chance
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+PROPERTY = property_settings(200)
 
 
 class Boom(Exception):

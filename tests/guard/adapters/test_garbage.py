@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from guard import Finish, Guard, Kind, Limits, Nudge, Reason, Report, Result
@@ -19,16 +19,12 @@ from guard.adapters import (
     openai_tool_messages,
 )
 
+from ..support import property_settings
 from .wire import TOOLS, notice_key, openai_call, openai_reply, text, tool_use
 
 # -- garbage never raises -----------------------------------------------------------------
 
-PROPERTY = settings(
-    max_examples=300,
-    deadline=None,
-    derandomize=True,  # the same examples on every run: CI never turns red by chance
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+PROPERTY = property_settings(300)
 
 SCALARS = (
     st.none()
