@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,26 +19,14 @@ def _sleep(ms: Any) -> None:
         time.sleep(float(ms) / 1000.0)
 
 
-class NoticeWriter(Agent):
-    """Sends ``count`` notices one after another, each a write with its own key.
-
-    ``sleep_ms`` is spent inside the tool *after* the notice is committed, so a process
-    killed then leaves a committed action whose response never came back. With ``cut``:
-    n, the first send of notice n finds its database session killed. With ``batch``, all
-    the notices left are asked for at once; with ``approve``: n, notice n needs a person's
-    approval. What each model call observed (kinds of the results) is kept in memory.
-    """
-
-    name = "test_notices"
-    title = "Notice writer (tests)"
+class DeskNotices(Agent):
+    """What the notice agents share: their one tool, ``send_notice``, a write held for a
+    person's approval when its key ends in ``-notice-<approve>``, whose lost response is
+    settled by looking the notice up in the desk (``{"auto_lookup": false}``: by a human)."""
 
     def __init__(self, task_id: int, input: Mapping[str, Any], memory: dict[str, Any]) -> None:
         super().__init__(task_id, input, memory)
-        # {"auto_lookup": false} sends a lost response to a human instead of the lookup.
         self.auto_lookup = bool(input.get("auto_lookup", True))
-
-    def _key(self, n: int) -> str:
-        return f"{self.input.get('prefix', 'task')}-{self.task_id}-notice-{n}"
 
     def tools(self) -> Sequence[Tool]:
         held = f"-notice-{self.input.get('approve')}"
@@ -50,6 +39,30 @@ class NoticeWriter(Agent):
                 approval=lambda call: str(call.operation_key).endswith(held),
             )
         ]
+
+    @abstractmethod
+    def _send(self, call: Call) -> Result:
+        """Send the notice ``call`` asks for."""
+
+    def _lookup(self, key: str) -> Settlement:
+        return Settlement(committed=Notice.objects.filter(idempotency_key=key).exists())
+
+
+class NoticeWriter(DeskNotices):
+    """Sends ``count`` notices one after another, each a write with its own key.
+
+    ``sleep_ms`` is spent inside the tool *after* the notice is committed, so a process
+    killed then leaves a committed action whose response never came back. With ``cut``:
+    n, the first send of notice n finds its database session killed. With ``batch``, all
+    the notices left are asked for at once; with ``approve``: n, notice n needs a person's
+    approval. What each model call observed (kinds of the results) is kept in memory.
+    """
+
+    name = "test_notices"
+    title = "Notice writer (tests)"
+
+    def _key(self, n: int) -> str:
+        return f"{self.input.get('prefix', 'task')}-{self.task_id}-notice-{n}"
 
     def _send(self, call: Call) -> Result:
         key = str(call.operation_key)
@@ -70,9 +83,6 @@ class NoticeWriter(Agent):
         ):
             raise TimeoutError("the notice was sent but its response was lost")
         return Result(Kind.SUCCESS, {"sent": call.operation_key})
-
-    def _lookup(self, key: str) -> Settlement:
-        return Settlement(committed=Notice.objects.filter(idempotency_key=key).exists())
 
     def _sent(self) -> int:
         keys = [self._key(n) for n in range(1, int(self.input.get("count", 1)) + 1)]
@@ -100,32 +110,15 @@ class NoticeWriter(Agent):
         return Evidence(sent, sent >= int(self.input.get("count", 1)), committed)
 
 
-class SharedNotice(Agent):
+class SharedNotice(DeskNotices):
     """Asks for one notice under the operation key ``key``, which other tasks may share,
     until its own request for it came back ``SUCCESS`` (whoever ran it). ``hold_ms`` is
     spent inside the tool *before* the notice is sent: the operation is ``IN_FLIGHT`` all
-    that time, and the desk has nothing yet."""
+    that time, and the desk has nothing yet. With ``lose``, the first send's response is
+    lost (the notice is sent)."""
 
     name = "test_shared_notice"
     title = "Shared notice (tests)"
-
-    def __init__(self, task_id: int, input: Mapping[str, Any], memory: dict[str, Any]) -> None:
-        super().__init__(task_id, input, memory)
-        # {"lose": true}: the first send's response is lost (the notice is sent); with
-        # {"auto_lookup": false} that goes to a human instead of the lookup.
-        self.auto_lookup = bool(input.get("auto_lookup", True))
-
-    def tools(self) -> Sequence[Tool]:
-        held = f"-notice-{self.input.get('approve')}"
-        return [
-            Tool(
-                "send_notice",
-                "write",
-                self._send,
-                lookup=self._lookup,
-                approval=lambda call: str(call.operation_key).endswith(held),
-            )
-        ]
 
     def _send(self, call: Call) -> Result:
         _sleep(self.input.get("hold_ms"))
@@ -139,9 +132,6 @@ class SharedNotice(Agent):
         if self.input.get("lose") and desk.fault_trip_once(operation_key=key):
             raise TimeoutError("the notice was sent but its response was lost")
         return Result(Kind.SUCCESS, {"sent": call.operation_key, "by": self.task_id})
-
-    def _lookup(self, key: str) -> Settlement:
-        return Settlement(committed=Notice.objects.filter(idempotency_key=key).exists())
 
     def plan(self, observation: Any) -> Call | Finish:
         if self.memory.get("done"):
