@@ -70,6 +70,18 @@ def test_an_allowed_internal_receiver_is_saved_through_the_page(
     assert NotificationChannel.objects.get().url == "http://10.20.3.4/hook"
 
 
+def _after_a_try(signed_in: SignIn, receiver: Receiver) -> str:
+    """The notifications page after an admin tried a hook to ``receiver`` and the try was
+    delivered (or refused)."""
+    target = NotificationChannel.objects.create(
+        name="on-call", transport="webhook", url=receiver.url, secret=SECRET, kinds=["needs_human"]
+    )
+    admin = signed_in("admin")
+    admin.post(f"/notifications/{target.id}/test", {"reason": "checking the hook"})
+    notifications.deliver(Notice.objects.get().id)
+    return body(admin.get("/notifications/"))
+
+
 @pytest.mark.parametrize("status", [200, 502])
 def test_a_try_shows_the_status_and_timing_and_never_the_answers_body(
     signed_in: SignIn, receiver: Receiver, settings: Any, status: int
@@ -78,15 +90,7 @@ def test_a_try_shows_the_status_and_timing_and_never_the_answers_body(
     settings.LOOPGUARD_NOTIFY_ALLOWED_NETWORKS = ["127.0.0.1/32"]
     receiver.answers = [status]
     receiver.body = INTERNAL
-    target = NotificationChannel.objects.create(
-        name="on-call", transport="webhook", url=receiver.url, secret=SECRET, kinds=["needs_human"]
-    )
-    admin = signed_in("admin")
-    admin.post(f"/notifications/{target.id}/test", {"reason": "checking the hook"})
-
-    notifications.deliver(Notice.objects.get().id)
-
-    shown = body(admin.get("/notifications/"))
+    shown = _after_a_try(signed_in, receiver)
     attempt = NoticeAttempt.objects.get()
     assert f"HTTP {status}" in shown
     assert f"· {attempt.duration_ms} ms" in shown
@@ -113,15 +117,7 @@ def test_a_refused_delivery_is_shown_as_a_failed_try_that_says_why(
     signed_in: SignIn, receiver: Receiver
 ) -> None:
     # Saved before the check existed: http to the console's own machine.
-    target = NotificationChannel.objects.create(
-        name="on-call", transport="webhook", url=receiver.url, secret=SECRET, kinds=["needs_human"]
-    )
-    admin = signed_in("admin")
-    admin.post(f"/notifications/{target.id}/test", {"reason": "checking the hook"})
-
-    notifications.deliver(Notice.objects.get().id)
-
-    shown = body(admin.get("/notifications/"))
+    shown = _after_a_try(signed_in, receiver)
     assert "failed · refused: http:// is refused: use https://" in shown
     assert "next try" in shown
     assert receiver.requests == []
