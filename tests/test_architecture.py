@@ -186,7 +186,9 @@ def test_the_narrow_doors_are_kept(name: str, path: Path) -> None:
 
 # The framework integrations each import their own framework (an optional extra), and
 # nothing else from outside; tests/guard/test_isolation.py checks `import guard` loads none.
-FRAMEWORKS = {integration.module: integration.imports for integration in INTEGRATIONS}
+FRAMEWORKS = {
+    module: integration.imports for integration in INTEGRATIONS for module in integration.modules
+}
 
 
 def test_the_guard_imports_nothing_but_the_standard_library_and_itself() -> None:

@@ -20,11 +20,18 @@ class Integration:
     """One framework integration: ``module`` (``guard.contrib.langchain``), the ``extra`` that
     installs its framework (``pip install "loopguard-guard[langchain]"``; the console's
     distribution has the same extra, passed on), and the top-level packages it may
-    ``imports`` (the framework's own, which its extra brings)."""
+    ``imports`` (the framework's own, which its extra brings); ``parts``, the modules it is
+    split into beside it, which may import the same."""
 
     module: str
     extra: str
     imports: frozenset[str]
+    parts: tuple[str, ...] = ()
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The integration's module and its parts."""
+        return (self.module, *self.parts)
 
 
 INTEGRATIONS: tuple[Integration, ...] = (
@@ -37,7 +44,13 @@ INTEGRATIONS: tuple[Integration, ...] = (
     # The MCP gateway: the SDK, its protocol's types (a distribution of their own), anyio,
     # whose event loop and threads the SDK runs on, and uvicorn, which serves the SDK's
     # Streamable HTTP app; the SDK brings all three.
-    Integration("guard.contrib.mcp", "mcp", frozenset({"mcp", "mcp_types", "anyio", "uvicorn"})),
+    Integration(
+        "guard.contrib.mcp",
+        "mcp",
+        frozenset({"mcp", "mcp_types", "anyio", "uvicorn"}),
+        parts=("guard.contrib.mcp_upstreams",),  # mcp_config needs only the standard library
+    ),
 )
-"""Every framework integration. A new one is its module, its entry here and its extra in
-pyproject.toml (the guard's distribution's and the console's, which pip reads from there)."""
+"""Every framework integration. A new one is its module (and any parts it is split into),
+its entry here and its extra in pyproject.toml (the guard's distribution's and the
+console's, which pip reads from there)."""

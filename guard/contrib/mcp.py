@@ -67,7 +67,8 @@ The configuration (JSON, or TOML by its ``.toml`` suffix)::
       "approval_wait_seconds": 120
     }
 
-It is read and checked by :mod:`guard.contrib.mcp_config` (standard library only).
+It is read and checked by :mod:`guard.contrib.mcp_config` (standard library only); the
+servers and their tools are :mod:`guard.contrib.mcp_upstreams`'.
 """
 
 from __future__ import annotations
@@ -81,7 +82,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, contextmanager
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
@@ -90,14 +90,15 @@ import anyio
 import anyio.to_thread
 import mcp_types as types
 import uvicorn
-from mcp import Client, MCPError, StdioServerParameters
+from mcp import MCPError
 from mcp.server import Server
 from mcp.server.stdio import stdio_server
 
 from .. import Call, Kind, Nudge, Reason, Report, Result, State
 from ..remote import ConsoleUnreachable, ProtocolError, RemoteGuard
 from ..steps import Action, Effect, Next, Sequencer, Ticket, fingerprint
-from .mcp_config import SEPARATOR, ConfigError, GatewayConfig, ToolRule, Upstream
+from .mcp_config import ConfigError, GatewayConfig, ToolRule, Upstream
+from .mcp_upstreams import Route, Upstreams, describe
 
 __all__ = ["ConfigError", "Gateway", "GatewayConfig", "ToolRule", "Upstream", "main"]
 
@@ -108,21 +109,7 @@ GATEWAY = "loopguard-mcp-gateway/1"
 APPROVAL_POLL_SECONDS = 1.0
 """How often a call held for a person's approval asks the console whether one decided."""
 
-_MAX_PAGES = 100  # a server whose tools/list never ends cannot hang the start-up
-
-
 # -- the gateway -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """A tool as the client sees it (``name``) and where it goes."""
-
-    name: str
-    server: str
-    tool: types.Tool
-    effect: Effect
-    rule: ToolRule
 
 
 class _Task:
@@ -160,81 +147,17 @@ class Gateway:
         self._url, self._token = url, token
         self._start_guard = start_guard or RemoteGuard.start
         self._attach_guard = attach_guard or RemoteGuard.attach
-        self._clients: dict[str, Client] = {}
-        # Servers whose connection closed (JSON-RPC -32000): what happened, by server.
-        # Nothing more can be sent to one: a read is refused before the guard; a write
-        # still asks it (the ledger may answer it without the server), and one it lets run
-        # is reported as not sent.
-        self._gone: dict[str, str] = {}
-        self.routes: dict[str, Route] = {}
+        self.upstreams = Upstreams(config)
         self.tasks: dict[str | None, _Task] = {}  # by MCP session id (None: no session)
-
-    # -- start-up ----------------------------------------------------------------------------
-
-    async def connect(self, stack: AsyncExitStack) -> None:
-        """Connect to every upstream server (kept open on ``stack``) and list its tools."""
-        offered: list[tuple[str, types.Tool]] = []
-        for upstream in self.config.servers:
-            client = Client(_target(upstream), read_timeout_seconds=self.config.timeout_seconds)
-            try:
-                await stack.enter_async_context(client)
-                tools = await _all_tools(client)
-            except Exception as exc:
-                why = _describe(exc)
-                raise ConfigError(f"server {upstream.name!r} could not be reached: {why}") from exc
-            self._clients[upstream.name] = client
-            offered += [(upstream.name, tool) for tool in tools]
-        counts: dict[str, int] = {}
-        for _, tool in offered:
-            counts[tool.name] = counts.get(tool.name, 0) + 1
-        for server, tool in offered:
-            name = tool.name if counts[tool.name] == 1 else f"{server}{SEPARATOR}{tool.name}"
-            rule = self.config.tools.get(name, ToolRule())
-            hints = tool.annotations
-            effect: Effect = rule.effect or (
-                "read" if hints is not None and hints.read_only_hint is True else "write"
-            )
-            self.routes[name] = Route(name, server, tool, effect, rule)
-
-    def problems(self) -> list[str]:
-        """What start-up says: each write without an operation key, each rule naming no
-        tool."""
-        said = []
-        for route in self.routes.values():
-            if route.effect == "write" and route.rule.key is None:
-                said.append(
-                    f"{route.name} ({route.server}) is a write without an operation key: its "
-                    f'calls will be refused; configure "tools": {{"{route.name}": {{"key": '
-                    '"...{argument}..."}}, or "effect": "read" if it changes nothing'
-                )
-        for name in sorted(set(self.config.tools) - set(self.routes)):
-            said.append(f"tools.{name} names no tool of any server (known: {sorted(self.routes)})")
-        return said
-
-    def needing_approval(self) -> list[str]:
-        """The tools whose calls wait for a person's approval, as the console's start takes
-        them."""
-        return [name for name, route in self.routes.items() if route.rule.approval]
-
-    def effects(self) -> dict[str, Effect]:
-        """Every tool the task may call, name -> effect, as the console's start takes it."""
-        return {name: route.effect for name, route in self.routes.items()}
 
     # -- the MCP handlers ----------------------------------------------------------------------
 
     async def list_tools(
         self, ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        """``tools/list``: every upstream tool, under the name the client calls it by.
-
-        Without its output schema: a write answered from the ledger may carry what a
-        reconciler found rather than the server's own structured answer, and a client that
-        holds results to the schema would refuse that answer."""
-        listed = [
-            route.tool.model_copy(update={"name": name, "output_schema": None})
-            for name, route in self.routes.items()
-        ]
-        return types.ListToolsResult(tools=listed)
+        """``tools/list``: every upstream tool, under the name the client calls it by
+        (:meth:`Upstreams.listed`)."""
+        return types.ListToolsResult(tools=self.upstreams.listed())
 
     async def call_tool(
         self, ctx: Any, params: types.CallToolRequestParams
@@ -251,24 +174,10 @@ class Gateway:
     async def _call(
         self, task: _Task, ctx: Any, name: str, args: dict[str, Any]
     ) -> types.CallToolResult:
-        route = self.routes.get(name)
-        if route is None:
-            known = ", ".join(sorted(self.routes))
-            return _error(f"there is no tool named {name!r} here; the tools are: {known}")
-        key: str | None = None
-        if route.effect == "write":
-            key, why = route.rule.operation_key(name, args)
-            if key is None:
-                return _error(
-                    f"not run: {why}, and a call that changes things runs only under a key "
-                    "that names its business action (so that it never happens twice). "
-                    + ("Give that argument." if route.rule.key else "A person must configure one.")
-                )
-        if route.effect == "read" and (gone := self._gone.get(route.server)) is not None:
-            return _error(
-                f"not run: the server {route.server!r} closed its connection earlier ({gone}); "
-                "nothing was sent to it. Restart the MCP client to connect to it again."
-            )
+        routed = self.upstreams.route(name, args)
+        if isinstance(routed, str):
+            return _error(routed)
+        route, key = routed
         call = Call(name, args, route.effect, key)
         try:
             seq = await self._sequencer(task, ctx)
@@ -292,12 +201,12 @@ class Gateway:
                     self._url,
                     token=self._token,
                     agent=self.config.agent,
-                    tools=self.effects(),
+                    tools=self.upstreams.effects(),
                     client=f"{client} via {GATEWAY}",
                     input={"mcp_client": client, "servers": [s.name for s in self.config.servers]},
                     limits=dict(self.config.limits) or None,
                     reason="an MCP client's session through the gateway",
-                    approval=self.needing_approval(),
+                    approval=self.upstreams.needing_approval(),
                 )
             )
             task.guard, task.seq = guard, Sequencer(guard, inspect=None)
@@ -392,8 +301,8 @@ class Gateway:
     async def _run(self, seq: Sequencer, route: Route, ticket: Ticket) -> types.CallToolResult:
         """Send the allowed call upstream once, and report what came back (or that the
         answer was lost: then a write is ``UNKNOWN``, and it is never sent again)."""
-        client = self._clients[route.server]
-        if (gone := self._gone.get(route.server)) is not None:
+        client = self.upstreams.clients[route.server]
+        if (gone := self.upstreams.gone.get(route.server)) is not None:
             # Claimed, and surely not sent; protocol 1 has no word for "verified not sent",
             # so the write waits for a reconciler as UNKNOWN (who marks it not committed).
             why = f"the server {route.server!r} closed its connection earlier ({gone})"
@@ -406,9 +315,9 @@ class Gateway:
             answer = await client.call_tool(route.tool.name, dict(ticket.call.args))
         except Exception as exc:
             if isinstance(exc, MCPError) and exc.code == types.CONNECTION_CLOSED:
-                self._gone[route.server] = _describe(exc)
+                self.upstreams.gone[route.server] = describe(exc)
             await _told(partial(seq.raised, ticket, exc))
-            lost = f"the answer of {route.name} was lost ({_describe(exc)})"
+            lost = f"the answer of {route.name} was lost ({describe(exc)})"
             if route.effect == "write":
                 return _error(
                     f"{lost}: whether it took effect is unknown, so it will not be run again; "
@@ -453,32 +362,6 @@ class Gateway:
 
 
 # -- the MCP values ------------------------------------------------------------------------
-
-
-def _target(upstream: Upstream) -> StdioServerParameters | str:
-    """What :class:`mcp.Client` connects to for ``upstream``."""
-    if upstream.url is not None:
-        return upstream.url
-    if upstream.command is None:  # the configuration allows nothing else
-        raise ConfigError(f"server {upstream.name!r} has neither a command nor a url")
-    return StdioServerParameters(
-        command=upstream.command,
-        args=list(upstream.args),
-        env=dict(upstream.env) or None,
-        cwd=upstream.cwd,
-    )
-
-
-async def _all_tools(client: Client) -> list[types.Tool]:
-    tools: list[types.Tool] = []
-    cursor: str | None = None
-    for _ in range(_MAX_PAGES):
-        page = await client.list_tools(cursor=cursor)
-        tools += page.tools
-        cursor = page.next_cursor
-        if not cursor:
-            break
-    return tools
 
 
 def _result_of(answer: types.CallToolResult, effect: Effect) -> Result:
@@ -574,15 +457,6 @@ def _client_of(ctx: Any) -> str:
     return f"{info.name}{version}"[:150]
 
 
-def _describe(exc: BaseException) -> str:
-    """What went wrong, in a line: the first exception a task group gathered, not the
-    group's own "unhandled errors" words."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    text = str(exc)
-    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
-
-
 async def _told(step: Callable[[], object]) -> None:
     """Report what a call that ran came to. The call ran whatever the console says now, so
     a console that cannot be told does not turn its answer into "not run": the next call
@@ -615,11 +489,12 @@ async def serve(
     stopped); the reports of the tasks it ended."""
     async with AsyncExitStack() as stack:
         gateway = Gateway(config, url=url, token=token)
-        await gateway.connect(stack)
-        print(f"{GATEWAY}: {len(gateway.routes)} tools from {len(config.servers)} servers: "
-              f"{', '.join(f'{n} ({r.effect})' for n, r in gateway.routes.items())}",
+        upstreams = gateway.upstreams
+        await upstreams.connect(stack)
+        print(f"{GATEWAY}: {len(upstreams.routes)} tools from {len(config.servers)} servers: "
+              f"{', '.join(f'{n} ({r.effect})' for n, r in upstreams.routes.items())}",
               file=err, flush=True)  # fmt: skip
-        for line in gateway.problems():
+        for line in upstreams.problems():
             print(f"{GATEWAY}: {line}", file=err, flush=True)
         server: Server[Any] = Server(
             "loopguard-mcp-gateway",
