@@ -1305,11 +1305,33 @@ def trends(*, now: datetime | None = None) -> Trends:
     current = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
     hours = [current - timedelta(hours=TREND_HOURS - 1 - i) for i in range(TREND_HOURS)]
     index = {hour: i for i, hour in enumerate(hours)}
-    day = now - RECENT
+    week, today, finished = _stops_by_reason(now, index)
+    if connection.vendor == "postgresql":
+        p50, p95 = _latency_per_hour(hours, index)
+        note = ""
+    else:
+        p50, p95 = [None] * TREND_HOURS, [None] * TREND_HOURS
+        note = "Step latency percentiles need PostgreSQL; this console runs on SQLite."
+    return Trends(
+        at=now,
+        stops_day=_most_first(today),
+        stops_week=_most_first(week),
+        hours=hours,
+        started=_starts_per_hour(hours, index),
+        finished=finished,
+        latency_p50=p50,
+        latency_p95=p95,
+        latency_note=note,
+    )
 
-    # Stops by reason over 7 days and 24 hours, and stops per hour, in one pass over the
-    # week's stops: grouped by reason and by the hour of each stop of the last 24 hours
-    # (NULL for the older ones), at most (reasons x 25) rows.
+
+def _stops_by_reason(
+    now: datetime, index: Mapping[datetime, int]
+) -> tuple[dict[str, int], dict[str, int], list[int]]:
+    """Stops by reason over 7 days and over 24 hours, and stops per charted hour, in one
+    pass over the week's stops: grouped by reason and by the hour of each stop of the last
+    24 hours (NULL for the older ones), at most (reasons x 25) rows."""
+    day = now - RECENT
     stops = (
         Task.objects.filter(_stopped_since(now - STOPS_WEEK))
         .annotate(
@@ -1334,7 +1356,11 @@ def trends(*, now: datetime | None = None) -> Trends:
             # The hour before the first charted one holds the window's first minutes.
             if (i := index.get(_hour_utc(stop["hour"]))) is not None:
                 finished[i] += n
+    return week, today, finished
 
+
+def _starts_per_hour(hours: Sequence[datetime], index: Mapping[datetime, int]) -> list[int]:
+    """Tasks created in each charted hour."""
     started = [0] * TREND_HOURS
     for start in (
         Task.objects.filter(created_at__gte=hours[0])
@@ -1345,42 +1371,33 @@ def trends(*, now: datetime | None = None) -> Trends:
     ):
         if (i := index.get(start["hour"])) is not None:
             started[i] = int(start["n"])
+    return started
 
+
+def _latency_per_hour(
+    hours: Sequence[datetime], index: Mapping[datetime, int]
+) -> tuple[list[int | None], list[int | None]]:
+    """The step latency's p50 and p95 in each charted hour (PostgreSQL): the closed hours
+    beat counted (``HourStat``), the rest from the trace's index."""
     p50: list[int | None] = [None] * TREND_HOURS
     p95: list[int | None] = [None] * TREND_HOURS
-    note = ""
-    if connection.vendor == "postgresql":
-        # The closed hours beat counted (HourStat), the rest from the trace's index.
-        counted = {
-            row.hour: row
-            for row in HourStat.objects.filter(hour__gte=hours[0], hour__lt=current)
-        }
-        for hour, row in counted.items():
-            if (i := index.get(hour)) is not None:
-                p50[i], p95[i] = row.latency_p50, row.latency_p95
-        since = next(hour for hour in hours if hour not in counted)
-        for step in (
-            TraceEvent.objects.filter(at__gte=since, latency_ms__isnull=False)
-            .annotate(hour=TruncHour("at", tzinfo=UTC))
-            .values("hour")
-            .annotate(p50=Percentile("latency_ms", 0.5), p95=Percentile("latency_ms", 0.95))
-            .order_by()
-        ):
-            if (i := index.get(step["hour"])) is not None and step["hour"] not in counted:
-                p50[i], p95[i] = round(step["p50"]), round(step["p95"])
-    else:
-        note = "Step latency percentiles need PostgreSQL; this console runs on SQLite."
-    return Trends(
-        at=now,
-        stops_day=_most_first(today),
-        stops_week=_most_first(week),
-        hours=hours,
-        started=started,
-        finished=finished,
-        latency_p50=p50,
-        latency_p95=p95,
-        latency_note=note,
-    )
+    counted = {
+        row.hour: row for row in HourStat.objects.filter(hour__gte=hours[0], hour__lt=hours[-1])
+    }
+    for hour, row in counted.items():
+        if (i := index.get(hour)) is not None:
+            p50[i], p95[i] = row.latency_p50, row.latency_p95
+    since = next(hour for hour in hours if hour not in counted)
+    for step in (
+        TraceEvent.objects.filter(at__gte=since, latency_ms__isnull=False)
+        .annotate(hour=TruncHour("at", tzinfo=UTC))
+        .values("hour")
+        .annotate(p50=Percentile("latency_ms", 0.5), p95=Percentile("latency_ms", 0.95))
+        .order_by()
+    ):
+        if (i := index.get(step["hour"])) is not None and step["hour"] not in counted:
+            p50[i], p95[i] = round(step["p50"]), round(step["p95"])
+    return p50, p95
 
 
 def _most_first(counts: Mapping[str, int]) -> list[tuple[str, int]]:
