@@ -21,7 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from console import lifecycle
-from console.agents import UnknownAgent, agent_class
+from console.agents import Agent, UnknownAgent, agent_class
 from console.models import (
     UNSETTLED_STATES,
     Approval,
@@ -198,23 +198,66 @@ def task_start(
     input = dict(input or {})
     reason = _optional(reason)
     cls = None
+    approval_tools: list[str] = []
     if client:
-        # Refused rather than cut: the column holds MAX_NAME_CHARS, and a cut name would
-        # show another client than the one that drives the task.
-        if len(client) > MAX_NAME_CHARS or not client.isprintable():
-            raise InvalidInput(f"client must be 1 to {MAX_NAME_CHARS} printable characters")
-        # Shown on every page and export of the task, as a reason is: secrets masked.
-        client = redact_text(client)
-        tools = attached_tools(tools)
-        approval_tools = attached_approval(approval, tools)
+        client, tools, approval_tools = _task_client(client, tools, approval)
     else:
-        if approval is not None:
-            raise InvalidInput("approval is for an attached task: a hosted agent says its own")
-        approval_tools = []
-        try:
-            cls = agent_class(agent)
-        except UnknownAgent as exc:
-            raise InvalidInput(str(exc)) from exc
+        cls = _task_hosted_agent(agent, approval)
+    _task_input_check(input)
+    fingerprint = _task_goal(agent, input, cls)
+    task_limits = _task_limits(agent, cls, limits)
+    user = actor if isinstance(actor, User) else None
+
+    with transaction.atomic():
+        starts = _task_goal_starts(agent, fingerprint) + 1
+        held = starts > settings.LOOPGUARD_RESTART_LIMIT
+        task = _task_create(
+            agent=agent,
+            input=input,
+            fingerprint=fingerprint,
+            limits=task_limits,
+            user=user,
+            client=client,
+            tools=dict(tools or {}),
+            approval_tools=approval_tools,
+        )
+        if held:
+            lifecycle.hold(task, _task_restart_loop_detail(starts))
+        elif not client:
+            transaction.on_commit(lambda: enqueue(task.id))
+        if user is not None:
+            _task_audit_start(user, task, reason=reason, held=held)
+    task.refresh_from_db()
+    return task
+
+
+def _task_client(
+    client: str, tools: Mapping[str, str] | None, approval: Any
+) -> tuple[str, dict[str, str], list[str]]:
+    """An attached task's client name (secrets masked), declared tools and the tools whose
+    calls wait for approval, each checked."""
+    # Refused rather than cut: the column holds MAX_NAME_CHARS, and a cut name would
+    # show another client than the one that drives the task.
+    if len(client) > MAX_NAME_CHARS or not client.isprintable():
+        raise InvalidInput(f"client must be 1 to {MAX_NAME_CHARS} printable characters")
+    # Shown on every page and export of the task, as a reason is: secrets masked.
+    client = redact_text(client)
+    checked = attached_tools(tools)
+    return client, checked, attached_approval(approval, checked)
+
+
+def _task_hosted_agent(agent: str, approval: Any) -> type[Agent]:
+    """The registered agent class a hosted task runs; it names its own approvals."""
+    if approval is not None:
+        raise InvalidInput("approval is for an attached task: a hosted agent says its own")
+    try:
+        return agent_class(agent)
+    except UnknownAgent as exc:
+        raise InvalidInput(str(exc)) from exc
+
+
+def _task_input_check(input: Mapping[str, Any]) -> None:
+    """Refuse a task's input that cannot be stored whole: too deep, not JSON, too large."""
     # Before anything walks the input recursively (the encoder, the fingerprint, redaction):
     # this check is iterative, so any depth gets an answer instead of a RecursionError.
     problem = unstorable(input, what="input", max_depth=KEPT_DEPTH)
@@ -228,12 +271,24 @@ def task_start(
         raise InvalidInput(
             f"the input is larger than {MAX_INPUT_BYTES // 1024} KiB as JSON ({size:,} bytes)"
         )
+
+
+def _task_goal(agent: str, input: Mapping[str, Any], cls: type[Agent] | None) -> str:
+    """The task's goal fingerprint (:func:`input_fingerprint`), once a hosted agent has
+    accepted the input."""
     try:
         if cls is not None:
             cls.validate_input(input)
-        fingerprint = input_fingerprint(agent, input)
+        return input_fingerprint(agent, input)
     except ValueError as exc:
         raise InvalidInput(f"invalid input for {agent}: {exc}") from exc
+
+
+def _task_limits(
+    agent: str, cls: type[Agent] | None, limits: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The task's limits (:func:`parse_limits`), refused when a hosted agent could not keep
+    the spend budget they name."""
     task_limits = parse_limits({} if cls is None else cls.default_limits, limits)
     # An attached client reserves each call's maximum cost itself (guard.remote).
     if cls is not None and task_limits.get("spend") is not None:
@@ -245,52 +300,64 @@ def task_start(
                 f"{agent} cannot keep a spend budget: its model "
                 f"{model or '(none named)'} has no price in LOOPGUARD_MODEL_PRICES"
             )
-    user = actor if isinstance(actor, User) else None
+    return task_limits
 
-    with transaction.atomic():
-        # Counting the recent starts and inserting this one is one decision: without the
-        # lock, concurrent starts of one goal each count the same committed tasks and all run.
-        lock_goal(fingerprint)
-        window = timezone.now() - timedelta(seconds=settings.LOOPGUARD_RESTART_WINDOW_SECONDS)
-        recent = Task.objects.filter(
-            agent=agent, input_fingerprint=fingerprint, created_at__gte=window
-        ).count()
-        held = recent + 1 > settings.LOOPGUARD_RESTART_LIMIT
-        task = Task.objects.create(
-            agent=agent,
-            # Secrets never reach the database: an agent gets its credentials from its own
-            # configuration, not from a task's input.
-            input=redact(input),
-            input_fingerprint=fingerprint,
-            limits=task_limits,
-            created_by=user,
-            client=client,
-            tools=dict(tools or {}),
-            approval_tools=approval_tools,
-        )
-        Phase.objects.create(task=task, number=1, usage_at_start={})
-        if held:
-            detail = (
-                f"started {recent + 1} times within "
-                f"{settings.LOOPGUARD_RESTART_WINDOW_SECONDS} s with the same input"
-            )
-            lifecycle.hold(task, detail)
-        elif not client:
-            transaction.on_commit(lambda: enqueue(task.id))
-        if user is not None:
-            AuditEntry.objects.create(
-                actor=user,
-                action=AuditAction.START,
-                task=task,
-                reason=reason or "started from the console",
-                after={
-                    "agent": agent,
-                    "state": TaskState.NEEDS_HUMAN if held else task.state,
-                    **({"client": client} if client else {}),
-                },
-            )
-    task.refresh_from_db()
+
+def _task_goal_starts(agent: str, fingerprint: str) -> int:
+    """How many tasks started this goal within the restart window, counted under the
+    goal's lock, which the caller's transaction holds until its task is inserted."""
+    # Counting the recent starts and inserting this one is one decision: without the
+    # lock, concurrent starts of one goal each count the same committed tasks and all run.
+    lock_goal(fingerprint)
+    window = timezone.now() - timedelta(seconds=settings.LOOPGUARD_RESTART_WINDOW_SECONDS)
+    return Task.objects.filter(
+        agent=agent, input_fingerprint=fingerprint, created_at__gte=window
+    ).count()
+
+
+def _task_create(
+    *,
+    agent: str,
+    input: Mapping[str, Any],
+    fingerprint: str,
+    limits: dict[str, Any],
+    user: User | None,
+    client: str,
+    tools: dict[str, str],
+    approval_tools: list[str],
+) -> Task:
+    """The task's row and its first phase's."""
+    task = Task.objects.create(
+        agent=agent,
+        # Secrets never reach the database: an agent gets its credentials from its own
+        # configuration, not from a task's input.
+        input=redact(input),
+        input_fingerprint=fingerprint,
+        limits=limits,
+        created_by=user,
+        client=client,
+        tools=tools,
+        approval_tools=approval_tools,
+    )
+    Phase.objects.create(task=task, number=1, usage_at_start={})
     return task
+
+
+def _task_audit_start(user: User, task: Task, *, reason: str, held: bool) -> None:
+    """The audit entry of a task a person started: its agent, the state it starts in (held
+    for a restart loop, or queued) and, when attached, its client."""
+    state = TaskState.NEEDS_HUMAN if held else task.state
+    client = {"client": task.client} if task.client else {}
+    after = {"agent": task.agent, "state": state, **client}
+    _audit(user, AuditAction.START, reason or "started from the console", task=task, after=after)
+
+
+def _task_restart_loop_detail(starts: int) -> str:
+    """What the stop report of a task held for a restart loop says happened."""
+    return (
+        f"started {starts} times within "
+        f"{settings.LOOPGUARD_RESTART_WINDOW_SECONDS} s with the same input"
+    )
 
 
 # -- stop ------------------------------------------------------------------------------------
