@@ -530,72 +530,108 @@ def _settle(
     override: str = "",
     found: Mapping[str, Any] | None = None,
 ) -> Operation:
+    """Settle the operation ``key`` as a reconciler verified it: ``committed`` (the tool's
+    ``result`` kept for the agent) or not, audited with what the lookup ``found`` and the
+    person's ``override`` of it."""
     evidence = _required(evidence, what="evidence")
     if committed:
-        if looks_like_a_result(result):
-            raise InvalidInput(
-                "the result is the tool's data, which the agent is given as the reused "
-                "result's data; this one has the shape of a whole result "
-                '({"kind": …, "data": …}) and would reach the agent wrapped twice: send the '
-                "data alone"
-            )
-        # What is stored is what the agent is handed when it asks again: refuse what could
-        # only be stored altered (cut below the depth redaction walks) or not at all.
-        problem = unstorable(result, what="result", max_depth=KEPT_DEPTH)
-        if problem is not None:
-            raise InvalidInput(f"the result cannot be stored: {problem}")
-        try:
-            check_bounded(result, what="the result", most_bytes=MAX_RESULT_BYTES)
-        except InputRefused as exc:
-            raise InvalidInput(str(exc)) from None
+        _operation_result_check(result)
     if key_problem(key) is not None:
         raise NotFound(f"there is no operation {key!r}")  # no stored key holds such text
     with transaction.atomic():
         op = Operation.objects.select_for_update().filter(key=key).first()
         if op is None:
             raise NotFound(f"there is no operation {key!r}")
-        if op.state == OperationState.IN_FLIGHT:
-            # Only an IN_FLIGHT whose driver is gone may be settled by a human: a live
-            # driver may still be inside the tool.
-            now = timezone.now()
-            live = Task.objects.filter(lease_alive(now), id=op.task_id).exists()
-            # An attached client runs a batch at once: a write may still be running in it
-            # when another call stopped the task. It reports within its lease, or is gone.
-            lease = timedelta(seconds=settings.LOOPGUARD_ATTACHED_LEASE_SECONDS)
-            live = live or (
-                Task.objects.filter(id=op.task_id, finished_at__gt=now - lease)
-                .exclude(client="")
-                .exists()
-            )
-            if live:
-                raise Refused(f"{key} is being executed right now; wait for it to finish")
-        move = "settle_committed" if committed else "settle_not_committed"
+        # Only an IN_FLIGHT whose driver is gone may be settled by a human: a live
+        # driver may still be inside the tool.
+        if op.state == OperationState.IN_FLIGHT and _operation_driver_alive(op):
+            raise Refused(f"{key} is being executed right now; wait for it to finish")
         before = {"state": op.state}
-        stored = None
-        if committed:
-            stored = {"kind": "SUCCESS", "data": redact(result), "wait_ms": None, "attempts": 1}
-        try:
-            lifecycle.operation_move(
-                op, move, task_id=None, actor=actor, evidence=evidence, result=stored
-            )
-        except lifecycle.LostRace as exc:
-            raise StaleState(f"{key} is already {op.state}") from exc
-        action = AuditAction.MARK_COMMITTED if committed else AuditAction.MARK_NOT_COMMITTED
-        after: dict[str, Any] = {"state": op.state}
-        if found is not None:
-            after["lookup"] = dict(found)
-        if override:
-            after["override"] = override
-        _audit(
-            actor,
-            action,
-            f"{evidence} (override of the lookup: {override})" if override else evidence,
-            task_id=op.task_id,
-            operation=op,
-            before=before,
-            after=after,
+        _operation_settle_move(op, actor, evidence, committed=committed, result=result)
+        _operation_audit_settle(
+            actor, op, evidence, committed=committed, before=before, found=found, override=override
         )
     return op
+
+
+def _operation_result_check(result: Any) -> None:
+    """Refuse a committed write's result that the agent could not be handed as given: one
+    shaped like a whole result, or one that cannot be stored whole."""
+    if looks_like_a_result(result):
+        raise InvalidInput(
+            "the result is the tool's data, which the agent is given as the reused "
+            "result's data; this one has the shape of a whole result "
+            '({"kind": …, "data": …}) and would reach the agent wrapped twice: send the '
+            "data alone"
+        )
+    # What is stored is what the agent is handed when it asks again: refuse what could
+    # only be stored altered (cut below the depth redaction walks) or not at all.
+    problem = unstorable(result, what="result", max_depth=KEPT_DEPTH)
+    if problem is not None:
+        raise InvalidInput(f"the result cannot be stored: {problem}")
+    try:
+        check_bounded(result, what="the result", most_bytes=MAX_RESULT_BYTES)
+    except InputRefused as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def _operation_driver_alive(op: Operation) -> bool:
+    """Whether a driver of ``op``'s task may still be inside its tool: a hosted worker
+    holding the task's lease, or an attached client within its lease of the task's end."""
+    now = timezone.now()
+    live = Task.objects.filter(lease_alive(now), id=op.task_id).exists()
+    # An attached client runs a batch at once: a write may still be running in it
+    # when another call stopped the task. It reports within its lease, or is gone.
+    lease = timedelta(seconds=settings.LOOPGUARD_ATTACHED_LEASE_SECONDS)
+    return live or (
+        Task.objects.filter(id=op.task_id, finished_at__gt=now - lease).exclude(client="").exists()
+    )
+
+
+def _operation_settle_move(
+    op: Operation, actor: User, evidence: str, *, committed: bool, result: Any
+) -> None:
+    """Move ``op`` to committed, its ``result`` stored as a ``SUCCESS``'s data (what the
+    agent is handed when it asks for the write again), or to not committed."""
+    move = "settle_committed" if committed else "settle_not_committed"
+    stored = None
+    if committed:
+        stored = {"kind": "SUCCESS", "data": redact(result), "wait_ms": None, "attempts": 1}
+    try:
+        lifecycle.operation_move(
+            op, move, task_id=None, actor=actor, evidence=evidence, result=stored
+        )
+    except lifecycle.LostRace as exc:
+        raise StaleState(f"{op.key} is already {op.state}") from exc
+
+
+def _operation_audit_settle(
+    actor: User,
+    op: Operation,
+    evidence: str,
+    *,
+    committed: bool,
+    before: Mapping[str, Any],
+    found: Mapping[str, Any] | None,
+    override: str,
+) -> None:
+    """The audit entry of a settlement: the evidence, what the tool's lookup found and,
+    when the person overrode it, why."""
+    action = AuditAction.MARK_COMMITTED if committed else AuditAction.MARK_NOT_COMMITTED
+    after: dict[str, Any] = {"state": op.state}
+    if found is not None:
+        after["lookup"] = dict(found)
+    if override:
+        after["override"] = override
+    _audit(
+        actor,
+        action,
+        f"{evidence} (override of the lookup: {override})" if override else evidence,
+        task_id=op.task_id,
+        operation=op,
+        before=before,
+        after=after,
+    )
 
 
 # -- resumption ------------------------------------------------------------------------------
