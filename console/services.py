@@ -651,39 +651,13 @@ def task_approve_resumption(
     stopped because a budget ran out, ``grant`` must add to that budget explicitly.
     """
     reason = _required(reason)
-    grant = dict(grant or {})
-    for name, amount in grant.items():
-        if name not in GRANTABLE:
-            raise InvalidInput(f"{name} is not a budget that can be granted")
-        if not isinstance(amount, int) or isinstance(amount, bool) or amount < 0:
-            raise InvalidInput(f"the grant of {name} must be a whole number ≥ 0")
+    grant = _resumption_grant(grant)
     with transaction.atomic():
         task = _lock_task(task_id)
-        if task.waits_for_approval:
-            raise Refused(
-                "a call waits for approval: approve or reject it in the approval queue, "
-                "which resumes the task"
-            )
-        if not task.can_resume:
-            if (archive := task.trace_archive) is not None:
-                raise Refused(
-                    f"task {task.id}'s trace is archived in {archive.file_name}: bring it "
-                    f"back first (manage.py restore_archive {archive.manifest_path}), then resume"
-                )
-            if task.state == TaskState.COMPLETED:
-                raise StaleState(f"task {task.id} is completed: there is nothing to resume")
-            raise StaleState(f"task {task.id} is {task.state}, not stopped")
+        _resumption_require_stopped(task)
         _require_settled(task)
-        needed = BUDGET_REASONS.get(task.reason)
-        if needed and grant.get(needed, 0) <= 0:
-            label = next((d.label for d in DIMENSIONS if d.limit == needed), needed)
-            raise Refused(f"the task ran out of {label}: grant an explicit amount to resume")
-        limits = dict(task.limits)
-        for name, amount in grant.items():
-            current = limits.get(name, getattr(_UNLIMITED, name))
-            if current is None:
-                continue  # unbounded stays unbounded (tokens, spend)
-            limits[name] = int(current) + amount
+        _resumption_require_budget(task, grant)
+        limits = _resumption_limits(task.limits, grant)
         before = {"state": task.state, "reason": task.reason, "limits": task.limits}
         number = _moving(
             lifecycle.resume, task, actor=actor, note=reason, grant=grant, limits=limits
@@ -700,6 +674,55 @@ def task_approve_resumption(
             transaction.on_commit(lambda: enqueue(task.id))
     task.refresh_from_db()
     return task
+
+
+def _resumption_grant(grant: Mapping[str, int] | None) -> dict[str, int]:
+    """A resumption's grant, checked: budgets that can be granted, whole amounts ≥ 0."""
+    grant = dict(grant or {})
+    for name, amount in grant.items():
+        if name not in GRANTABLE:
+            raise InvalidInput(f"{name} is not a budget that can be granted")
+        if not isinstance(amount, int) or isinstance(amount, bool) or amount < 0:
+            raise InvalidInput(f"the grant of {name} must be a whole number ≥ 0")
+    return grant
+
+
+def _resumption_require_stopped(task: Task) -> None:
+    """Refuse to resume a task that is not stopped, or whose stop only its approval or a
+    restored trace can end; the message says what to do instead."""
+    if task.waits_for_approval:
+        raise Refused(
+            "a call waits for approval: approve or reject it in the approval queue, "
+            "which resumes the task"
+        )
+    if not task.can_resume:
+        if (archive := task.trace_archive) is not None:
+            raise Refused(
+                f"task {task.id}'s trace is archived in {archive.file_name}: bring it "
+                f"back first (manage.py restore_archive {archive.manifest_path}), then resume"
+            )
+        if task.state == TaskState.COMPLETED:
+            raise StaleState(f"task {task.id} is completed: there is nothing to resume")
+        raise StaleState(f"task {task.id} is {task.state}, not stopped")
+
+
+def _resumption_require_budget(task: Task, grant: Mapping[str, int]) -> None:
+    """Refuse to resume a task that ran out of a budget unless ``grant`` adds to it."""
+    needed = BUDGET_REASONS.get(task.reason)
+    if needed and grant.get(needed, 0) <= 0:
+        label = next((d.label for d in DIMENSIONS if d.limit == needed), needed)
+        raise Refused(f"the task ran out of {label}: grant an explicit amount to resume")
+
+
+def _resumption_limits(limits: Mapping[str, Any], grant: Mapping[str, int]) -> dict[str, Any]:
+    """The task's limits with ``grant`` added; a limit it does not name is the default one."""
+    limits = dict(limits)
+    for name, amount in grant.items():
+        current = limits.get(name, getattr(_UNLIMITED, name))
+        if current is None:
+            continue  # unbounded stays unbounded (tokens, spend)
+        limits[name] = int(current) + amount
+    return limits
 
 
 # -- approvals -------------------------------------------------------------------------------
