@@ -109,6 +109,9 @@ ANY_CALL = (
 )
 # ...and a call with a body these ways too.
 ANY_BODY = (ErrorCode.INVALID_BODY, ErrorCode.INVALID_INPUT, ErrorCode.BODY_TOO_LARGE)
+# ...and a call with a path parameter this way too: a value its route does not take (an id
+# that is not a whole number, -1) matches no route, so the catch-all answers it, not the view.
+BAD_PATH_PARAMETER = (ErrorCode.UNKNOWN_ENDPOINT,)
 # What an action on a task or an operation can meet besides.
 ANY_ACTION = (ErrorCode.NOT_FOUND, ErrorCode.STALE_STATE, ErrorCode.REFUSED)
 
@@ -310,7 +313,8 @@ def document() -> dict[str, Any]:
             if key not in ENTRIES:
                 raise LookupError(f"{method} {pattern.name!r} is routed but has no Entry")
             item[method.lower()] = _operation(
-                ENTRIES[key], capability, post=method == "POST", session=view.session_may_read
+                ENTRIES[key], capability, post=method == "POST", session=view.session_may_read,
+                parameters=bool(parameters),
             )
         paths["/" + prefix + path_template(str(pattern.pattern))] = item
     if unrouted := sorted(set(ENTRIES) - used):
@@ -384,7 +388,7 @@ def _path_parameters(pattern: URLPattern) -> list[dict[str, Any]]:
 
 
 def _operation(
-    entry: Entry, capability: Capability, *, post: bool, session: bool
+    entry: Entry, capability: Capability, *, post: bool, session: bool, parameters: bool
 ) -> dict[str, Any]:
     roles = ", ".join(sorted(role for role, grants in GRANTS.items() if capability in grants))
     operation: dict[str, Any] = {
@@ -410,7 +414,10 @@ def _operation(
     for answer in entry.answers:
         schema = answer.shape.ref() if answer.shape else DOCUMENT_SCHEMA
         responses[str(answer.status)] = _answer(answer.description, schema, answer.headers)
-    codes = (*ANY_CALL, *(ANY_BODY if post else ()), *entry.errors)
+    codes = (
+        *ANY_CALL, *(ANY_BODY if post else ()), *entry.errors,
+        *(BAD_PATH_PARAMETER if parameters else ()),
+    )
     for status, group in _by_status(codes).items():
         headers = {401: ("WWW-Authenticate",), 503: ("Retry-After",)}.get(status, ())
         responses[str(status)] = _error_answer(group, headers=headers)

@@ -376,7 +376,10 @@ _ERRORS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.INVALID_TOKEN: (401, "the token is unknown or revoked, or its user is deactivated"),
     ErrorCode.PERMISSION_DENIED: (403, "the token's user lacks the role this needs"),
     ErrorCode.NOT_FOUND: (404, "there is no such task, operation or approval"),
-    ErrorCode.UNKNOWN_ENDPOINT: (404, "no endpoint has this path"),
+    ErrorCode.UNKNOWN_ENDPOINT: (
+        404, "no endpoint has this path (an id in it that is not a whole number ≥ 0, like -1 "
+        "or abc, makes such a path too)",
+    ),
     ErrorCode.METHOD_NOT_ALLOWED: (405, "the endpoint does not answer this method (see `Allow`)"),
     ErrorCode.STALE_STATE: (
         409, "the task, operation or approval is no longer in the state the action was meant "

@@ -171,6 +171,26 @@ def test_every_error_answer_names_its_code_beside_its_message(
         assert body["error"]
 
 
+def test_an_id_that_is_not_a_whole_number_gets_a_404_its_operation_describes(
+    admin: Caller,
+) -> None:
+    # A client checks an answer against the operation it called, not against the catch-all
+    # (as conform does for a path no route takes): the probe found -1 answered with a code
+    # the operation's 404 did not list.
+    for template, item in document()["paths"].items():
+        if "{task_id}" not in template and "{approval_id}" not in template:
+            continue
+        for method in set(item) & METHODS:
+            listed = item[method]["responses"]["404"]["content"][JSON]["schema"]
+            codes = listed["allOf"][1]["properties"]["code"]["enum"]
+            for bad in ("-1", "abc"):
+                url = template.format(task_id=bad, approval_id=bad)
+                sent = admin.get(url) if method == "get" else admin.post(url, {"reason": "x"})
+
+                assert sent.json()["code"] in codes, (method, url, sent.json(), codes)
+                assert sent.status_code == 404
+
+
 def test_the_check_catches_an_answer_the_document_does_not_describe(admin: Caller) -> None:
     answer = Client(headers={"authorization": f"Bearer {admin.secret}"}).get("/api/tasks")
     conform("GET", answer)  # as the API gave it
