@@ -20,6 +20,7 @@ from enum import StrEnum
 from operator import attrgetter
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.urls import reverse
 
@@ -37,6 +38,7 @@ from console.models import (
 )
 from console.records.inputs import (
     KEPT_DEPTH,
+    MAX_AGENT_CHARS,
     MAX_ANSWER_BYTES,
     MAX_DEPTH,
     MAX_LEASE_CHARS,
@@ -51,7 +53,7 @@ from console.records.inputs import (
     unstorable,
 )
 from console.selectors import TaskDetail
-from console.services import InvalidInput
+from console.services import MAX_TOOLS, InvalidInput
 
 Schema = dict[str, Any]
 """A JSON Schema (2020-12, the dialect of OpenAPI 3.1)."""
@@ -178,8 +180,17 @@ def shapes_below(roots: Iterable[Shape]) -> dict[str, Shape]:
     return found
 
 
+# Text the database can hold has no NUL (the other thing it cannot hold, a lone surrogate,
+# is no character a JSON Schema pattern can name); required text also has a character that
+# is not whitespace, since the service trims it first.
+_STORABLE_TEXT = "^[^\\u0000]*$"
+_SOME_TEXT = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"
+
+
 def text_input(name: str, description: str, *, required: bool = False) -> Field:
-    """A string; absent or null reads as ``""`` (the service says if it may be empty)."""
+    """A string; absent or null reads as ``""`` (the service says if it may be empty). A
+    ``required`` one is described as a string with something in it besides whitespace, the
+    service's rule: null, empty or blank is a 400."""
 
     def read(value: Any) -> str:
         if value is None:
@@ -191,7 +202,11 @@ def text_input(name: str, description: str, *, required: bool = False) -> Field:
             raise InvalidInput(f"{name} {problem}")
         return value
 
-    return Field(name, nullable(STRING), description, read, required)
+    if required:
+        schema: Schema = {"type": "string", "pattern": _SOME_TEXT}
+    else:
+        schema = {"type": ["string", "null"], "pattern": _STORABLE_TEXT}
+    return Field(name, schema, description, read, required)
 
 
 def object_input(name: str, description: str, *, kept: bool = False) -> Field:
@@ -642,7 +657,10 @@ APPROVAL_ANSWER = Shape("ApprovalAnswer", "An approval as its answer left it, an
 # -- request bodies ----------------------------------------------------------------------------
 
 START_TASK = Body("StartTask", "A task to start.", (
-    text_input("agent", "the agent to run (one the console offers)", required=True),
+    replace(
+        text_input("agent", "the agent to run: one the console offers", required=True),
+        schema=one_of(settings.LOOPGUARD_AGENTS),
+    ),
     object_input(
         "input", f"the agent's input, checked by the agent; at most {KEPT_DEPTH} levels deep",
         kept=True,
@@ -715,7 +733,8 @@ def _printable_id(name: str, description: str) -> Field:
             raise InvalidInput(f"{name} must be 1 to {longest} printable ASCII characters")
         return value
 
-    schema = {"type": "string", "minLength": 1, "maxLength": longest}
+    # Printable ASCII is the space to the tilde.
+    schema = {"type": "string", "minLength": 1, "maxLength": longest, "pattern": "^[ -~]+$"}
     return Field(name, schema, description, read)
 
 
@@ -770,13 +789,31 @@ _LEASE = _printable_id("lease", "who drives the task: one value per client proce
 
 ATTACH_TASK = Body("AttachTask", "An attached task to create, driven by the caller.", (
     _PROTOCOL, _REQUEST_ID, _LEASE,
-    text_input("agent", "what the agent is called on the console's pages", required=True),
+    replace(
+        text_input(
+            "agent", f"what the agent is called on the console's pages: 1 to {MAX_AGENT_CHARS} "
+            "letters, digits, dots, underscores or hyphens (whitespace around them is trimmed)",
+            required=True,
+        ),
+        schema={"type": "string", "pattern": f"^\\s*[A-Za-z0-9._-]{{1,{MAX_AGENT_CHARS}}}\\s*$"},
+    ),
     label_input(
         "client",
         f"what drives it, shown with the task (e.g. langchain/1.2): 1 to {MAX_NAME_CHARS} "
         "printable characters",
     ),
-    object_input("tools", 'every tool the agent may call: name -> "read" or "write"'),
+    replace(
+        object_input(
+            "tools", 'every tool the agent may call: name -> "read" or "write" (required; a '
+            f"name is 1 to {MAX_NAME_CHARS} printable characters, at most {MAX_TOOLS} tools)",
+        ),
+        schema={
+            "type": "object", "minProperties": 1, "maxProperties": MAX_TOOLS,
+            "propertyNames": {"minLength": 1, "maxLength": MAX_NAME_CHARS},
+            "additionalProperties": one_of(["read", "write"]),
+        },
+        required=True,
+    ),
     replace(
         any_input(
             "approval",

@@ -13,6 +13,7 @@ from typing import cast
 import pytest
 from django.test import Client
 from django.urls import URLPattern, resolve
+from jsonschema import Draft202012Validator
 from openapi_spec_validator import OpenAPIV31SpecValidator, validate
 
 from console.api import openapi
@@ -189,6 +190,66 @@ def test_an_id_that_is_not_a_whole_number_gets_a_404_its_operation_describes(
 
                 assert sent.json()["code"] in codes, (method, url, sent.json(), codes)
                 assert sent.status_code == 404
+
+
+ATTACH = {
+    "protocol": 1, "request_id": "r-1", "lease": "l-1", "agent": "desk-bot", "client": "t/1",
+    "tools": {"lookup": "read"},
+}
+STEP = {"protocol": 1, "request_id": "r-2", "lease": "l-1", "step": "wait"}
+# (where, the body's schema, a body the API refuses with 400 for the field the probe sent)
+REFUSED_BODIES = [
+    ("/api/tasks/987654/stop", "StopTask", {"reason": ""}),
+    ("/api/tasks/987654/stop", "StopTask", {"reason": " \n "}),
+    ("/api/tasks/987654/stop", "StopTask", {"reason": None}),
+    ("/api/tasks/987654/stop", "StopTask", {"reason": "nul \x00 inside"}),
+    ("/api/tasks/987654/resume", "ResumeTask", {"reason": ""}),
+    ("/api/approvals/987654/approve", "ApproveCall", {"reason": ""}),
+    ("/api/approvals/987654/reject", "RejectCall", {"reason": "", "on_reject": "end"}),
+    ("/api/operations/order/42/refund/resolve", "ResolveOperation",
+     {"committed": False, "evidence": None}),
+    ("/api/tasks", "StartTask", {"agent": None}),
+    ("/api/tasks", "StartTask", {"agent": "no_such_agent"}),
+    ("/api/tasks", "StartTask", {"agent": "test_reader", "reason": "nul \x00 inside"}),
+    ("/api/attached", "AttachTask", {**ATTACH, "agent": None}),
+    ("/api/attached", "AttachTask", {**ATTACH, "agent": "desk bot!"}),
+    ("/api/attached", "AttachTask", {**ATTACH, "request_id": "r-\u00e9"}),
+    ("/api/attached", "AttachTask", {**ATTACH, "tools": None}),
+    ("/api/attached", "AttachTask", {**ATTACH, "tools": {}}),
+    ("/api/attached", "AttachTask", {**ATTACH, "tools": {"lookup": "delete"}}),
+    ("/api/attached/987654/steps", "Step", {**STEP, "lease": "l-\u00df"}),
+]
+
+
+@pytest.mark.parametrize(("url", "schema", "body"), REFUSED_BODIES)
+def test_a_body_the_api_refuses_as_malformed_is_one_its_document_refuses_too(
+    admin: Caller, url: str, schema: str, body: dict[str, object]
+) -> None:
+    # The probe sent bodies the document allowed (an empty reason, a null agent, a lease
+    # that is not ASCII) and got 400s: a client building its body from the document must
+    # be able to tell what the console will take.
+    refused = admin.post(url, body)
+    described = Draft202012Validator(document()["components"]["schemas"][schema])
+
+    assert refused.status_code == 400, refused.content
+    assert not described.is_valid(body), f"the document allows {body}, which the API refuses"
+
+
+@pytest.mark.usefixtures("enqueued")
+def test_the_bodies_the_api_takes_are_still_ones_its_document_allows(admin: Caller) -> None:
+    schemas = document()["components"]["schemas"]
+
+    for schema, body in [
+        ("StopTask", {"reason": "the customer asked"}),
+        ("StartTask", {"agent": "test_reader", "reason": None}),
+        ("AttachTask", {**ATTACH, "agent": " desk-bot.v2 ", "reason": "tried \u00e9"}),
+        ("Step", {**STEP, "request_id": "r ~!"}),
+        ("ResolveOperation", {"committed": True, "evidence": "ticket #9 shows it"}),
+    ]:
+        Draft202012Validator(schemas[schema]).validate(body)
+    started = admin.post("/api/tasks", {"agent": "test_reader", "reason": None})
+    attached = admin.post("/api/attached", {**ATTACH, "agent": " desk-bot.v2 "})
+    assert (started.status_code, attached.status_code) == (201, 201)
 
 
 def test_the_check_catches_an_answer_the_document_does_not_describe(admin: Caller) -> None:
