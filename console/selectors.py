@@ -400,11 +400,14 @@ def _one_of(
     *,
     word: str = "",
 ) -> str:
-    """The filter ``name`` if it is one of ``allowed`` (empty: not set). Anything else is
-    an error rather than a filter that matches nothing or, dropped silently, everything."""
-    value = query.get(name, "").strip()
-    if value and value not in allowed:
-        shown = value if len(value) <= 60 else f"{value[:60]}…"
+    """The filter ``name`` if it is one of ``allowed``, spaces around it aside (empty: not
+    set). Anything else is an error rather than a filter that matches nothing or, dropped
+    silently, everything: a value of whitespace alone too (``%20``, ``%C2%85``), which is
+    not the empty value a form sends for "any"."""
+    sent = query.get(name, "")
+    value = sent.strip()
+    if sent and value not in allowed:
+        shown = sent if len(sent) <= 60 else f"{sent[:60]}…"
         errors[name] = f"unknown {word or name} {shown!r}"
         return ""
     return value

@@ -30,7 +30,7 @@ from django.urls.converters import IntConverter
 from console.api import serializers as s
 from console.api.serializers import ErrorCode, Schema
 from console.drivers.attached import PROTOCOL_STEPS
-from console.models import ApprovalState, TaskState
+from console.models import STOP_REASONS, ApprovalState, TaskState
 from console.records.roles import GRANTS, Capability
 from console.selectors import WAITING
 
@@ -134,6 +134,12 @@ def _answering(
     return _action(operation_id, "approvals", summary, body, description + once, answer)
 
 
+def _filter(values: Iterable[str]) -> Schema:
+    """A filter that is one of ``values``, or empty (as a form sends "any"): not set. A
+    value of whitespace alone is refused, not taken for empty."""
+    return s.one_of(["", *values])
+
+
 TIME_FILTER = {"type": "string", "description": "YYYY-MM-DDTHH:MM[:SS][±HH:MM]"}
 
 ENTRIES: Mapping[tuple[str, str], Entry] = {
@@ -145,14 +151,18 @@ ENTRIES: Mapping[tuple[str, str], Entry] = {
         (Answer(200, "the page", s.TASK_PAGE),),
         errors=(ErrorCode.INVALID_QUERY,),
         query=(
-            Query("state", s.one_of(TaskState.values), "only tasks in this state"),
-            Query("reason", s.STRING, "only tasks that stopped for this reason"),
-            Query("agent", s.STRING, "only tasks of this agent"),
+            Query("state", _filter(TaskState.values), "only tasks in this state"),
+            Query("reason", _filter(STOP_REASONS), "only tasks that stopped for this reason"),
+            Query(
+                "agent", s.STRING,
+                "only tasks of this agent: one the console offers, or an attached task's "
+                "(another is a 400 invalid_query)",
+            ),
             Query("since", TIME_FILTER, "only tasks started at or after (console time zone)"),
             Query("until", TIME_FILTER, "only tasks started before (console time zone)"),
             Query("q", s.STRING, "a task id (17 or #17) or an operation key of the task"),
             Query(
-                "waiting", s.one_of(WAITING),
+                "waiting", _filter(WAITING),
                 "client: only attached tasks waiting for their client (its lease lapsed, the "
                 "task not stopped)",
             ),
@@ -219,8 +229,8 @@ ENTRIES: Mapping[tuple[str, str], Entry] = {
         errors=(ErrorCode.INVALID_QUERY,),
         query=(
             Query(
-                "state", s.one_of(ApprovalState.values),
-                "only approvals in this state (default PENDING)",
+                "state", _filter(ApprovalState.values),
+                "only approvals in this state (absent or empty: PENDING)",
             ),
         ),
     ),

@@ -388,11 +388,12 @@ def _operation_resolve(call: ApiCall, key: str) -> HttpResponse:
 
 
 def _approval_list(call: ApiCall) -> HttpResponse:
-    state = call.request.GET.get("state", "").strip() or ApprovalState.PENDING
-    if state not in ApprovalState.values:
+    sent = call.request.GET.get("state", "")
+    state = sent.strip() if sent else ApprovalState.PENDING
+    if state not in ApprovalState.values:  # whitespace alone too: it is not the empty value
         # Refused rather than dropped, as the task list's filters: a program asking for
         # one state must not silently get another.
-        shown = state if len(state) <= 60 else f"{state[:60]}…"
+        shown = sent if len(sent) <= 60 else f"{sent[:60]}…"
         why = f"unknown state {shown!r}; one of {', '.join(ApprovalState.values)}"
         raise ApiError(ErrorCode.INVALID_QUERY, f"state: {why}", fields={"state": why})
     return _answer(s.APPROVAL_LIST, selectors.approval_list(state))
