@@ -182,9 +182,10 @@ def shapes_below(roots: Iterable[Shape]) -> dict[str, Shape]:
 
 # Text the database can hold has no NUL (the other thing it cannot hold, a lone surrogate,
 # is no character a JSON Schema pattern can name); required text also has a character that
-# is not whitespace, since the service trims it first.
+# is not whitespace, since the service trims it first. Python trims \x1c-\x1f and \x85 too,
+# which a JSON Schema (ECMA-262) \s does not name.
 _STORABLE_TEXT = "^[^\\u0000]*$"
-_SOME_TEXT = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"
+_SOME_TEXT = "^[^\\u0000]*[^\\s\\u0000\\u001c-\\u001f\\u0085][^\\u0000]*$"
 
 
 def text_input(name: str, description: str, *, required: bool = False) -> Field:

@@ -202,6 +202,7 @@ REFUSED_BODIES = [
     ("/api/tasks/987654/stop", "StopTask", {"reason": ""}),
     ("/api/tasks/987654/stop", "StopTask", {"reason": " \n "}),
     ("/api/tasks/987654/stop", "StopTask", {"reason": None}),
+    ("/api/tasks/987654/stop", "StopTask", {"reason": "\x1c\x85"}),
     ("/api/tasks/987654/stop", "StopTask", {"reason": "nul \x00 inside"}),
     ("/api/tasks/987654/resume", "ResumeTask", {"reason": ""}),
     ("/api/approvals/987654/approve", "ApproveCall", {"reason": ""}),
