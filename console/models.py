@@ -409,9 +409,17 @@ class Task(models.Model):
 
         Whether a write is still uncertain is a question for its operations, asked apart.
         """
-        return (
-            self.allows("resume") and not self.waits_for_approval and self.trace_archive_id is None
-        )
+        return self._stopped_short and self.trace_archive_id is None
+
+    @property
+    def resumes_once_restored(self) -> bool:
+        """It would be resumable (:attr:`can_resume`) but for its archived trace: an approver
+        restores it first. A completed task's archive is no such obstacle."""
+        return self._stopped_short and self.trace_archive_id is not None
+
+    @property
+    def _stopped_short(self) -> bool:
+        return self.allows("resume") and not self.waits_for_approval
 
     @property
     def waits_for_approval(self) -> bool:

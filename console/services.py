@@ -696,7 +696,7 @@ def _resumption_require_stopped(task: Task) -> None:
             "which resumes the task"
         )
     if not task.can_resume:
-        if (archive := task.trace_archive) is not None:
+        if task.resumes_once_restored and (archive := task.trace_archive) is not None:
             raise Refused(
                 f"task {task.id}'s trace is archived in {archive.file_name}: bring it "
                 f"back first (manage.py restore_archive {archive.manifest_path}), then resume"

@@ -635,6 +635,26 @@ def test_a_task_whose_trace_is_archived_resumes_only_once_its_trace_is_back(
     assert task.events.count() == 3  # its history is back in its own range
 
 
+def test_a_completed_task_whose_trace_is_archived_is_not_offered_a_restore_to_resume(
+    ranges: Ranges, checked: Callable[[], None], tmp_path: Path, django_user_model: type[User]
+) -> None:
+    task = _task(ranges.low + 1, state=TaskState.COMPLETED)
+    ranges.close()
+    checked()
+    trace_archive.archive(_before(), folder=tmp_path)
+    approver = django_user_model.objects.create_user("abe", password="pw-abe")
+    assign(approver, (Role.APPROVER,))
+    browser = Client()
+    browser.force_login(approver)
+
+    page = browser.get(f"/tasks/{task.id}/resume").content.decode()
+    assert 'id="resume-archived"' not in page and "there is nothing to resume" in page
+    with pytest.raises(services.StaleState, match="completed: there is nothing to resume"):
+        services.task_approve_resumption(
+            task_id=task.id, actor=approver, reason="go on", enqueue=lambda _: None
+        )
+
+
 def test_with_the_opentelemetry_export_on_a_range_leaves_only_once_its_trace_is_sent(
     ranges: Ranges, checked: Callable[[], None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
