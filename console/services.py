@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import timedelta
@@ -126,7 +127,8 @@ def parse_limits(
 
 
 MAX_TOOLS = 200
-_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+AGENT_NAME = f"[A-Za-z0-9._-]{{1,{MAX_AGENT_CHARS}}}"
+"""An attached agent's name, as a pattern (the API's document describes it with this)."""
 
 
 def attached_tools(tools: Mapping[str, str] | None) -> dict[str, str]:
@@ -167,7 +169,7 @@ def attached_approval(approval: Any, tools: Mapping[str, str]) -> list[str]:
 
 def agent_name_problem(name: str) -> str | None:
     """Why ``name`` cannot name an attached agent, or ``None``."""
-    if not 0 < len(name) <= MAX_AGENT_CHARS or not set(name) <= _NAME_CHARS:
+    if re.fullmatch(AGENT_NAME, name) is None:
         return f"agent must be 1 to {MAX_AGENT_CHARS} letters, digits, dots, underscores or hyphens"
     return None
 
@@ -936,6 +938,7 @@ def _audit(
 
 
 __all__ = [
+    "AGENT_NAME",
     "BULK_LIMIT",
     "MAX_TEXT_CHARS",
     "MAX_TOOLS",

@@ -53,7 +53,7 @@ from console.records.inputs import (
     unstorable,
 )
 from console.selectors import TaskDetail
-from console.services import MAX_TOOLS, InvalidInput
+from console.services import AGENT_NAME, MAX_TOOLS, InvalidInput
 
 Schema = dict[str, Any]
 """A JSON Schema (2020-12, the dialect of OpenAPI 3.1)."""
@@ -796,7 +796,7 @@ ATTACH_TASK = Body("AttachTask", "An attached task to create, driven by the call
             "letters, digits, dots, underscores or hyphens (whitespace around them is trimmed)",
             required=True,
         ),
-        schema={"type": "string", "pattern": f"^\\s*[A-Za-z0-9._-]{{1,{MAX_AGENT_CHARS}}}\\s*$"},
+        schema={"type": "string", "pattern": f"^\\s*{AGENT_NAME}\\s*$"},
     ),
     label_input(
         "client",
