@@ -35,7 +35,16 @@ from django.db.models import Count, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from console.models import HourStat, Percentile, Rollup, StopReport, Task, TaskTotal, TraceEvent
+from console.models import (
+    TERMINAL_STATES,
+    HourStat,
+    Percentile,
+    Rollup,
+    StopReport,
+    Task,
+    TaskTotal,
+    TraceEvent,
+)
 from guard.steps import DIMENSIONS
 
 SETTLE = timedelta(minutes=10)
@@ -84,7 +93,9 @@ def roll_tasks(now: datetime, *, until: float) -> int:
         with transaction.atomic():
             rows = list(
                 Task.objects.select_for_update(skip_locked=True)
+                # Stopped as lifecycle._moved tells a stop (it unrolls a task leaving one).
                 .filter(rolled=False, id__gt=after, finished_at__lt=now - SETTLE)
+                .filter(state__in=sorted(TERMINAL_STATES))
                 .order_by("id")
                 .values("id", "agent", "state", *USED)[:TASK_BATCH]
             )
@@ -124,10 +135,14 @@ def _add(rows: Iterable[Mapping[str, Any]], *, sign: int) -> None:
         into[0] += 1
         for i, name in enumerate(USED, start=1):
             into[i] += int(row[name] or 0)
+    # Every total there first (two passes making the same new one would collide on its
+    # unique key), so that each is then locked and moved on its row.
+    TaskTotal.objects.bulk_create(
+        [TaskTotal(agent=agent, state=state, spent={}) for agent, state in sorted(sums)],
+        ignore_conflicts=True,
+    )
     for (agent, state), (tasks, *counters) in sorted(sums.items()):
-        total = TaskTotal.objects.select_for_update().filter(agent=agent, state=state).first()
-        if total is None:
-            total = TaskTotal(agent=agent, state=state, spent={})
+        total = TaskTotal.objects.select_for_update().get(agent=agent, state=state)
         total.tasks += sign * tasks
         total.spent = {
             name: int(total.spent.get(name, 0)) + sign * n
@@ -154,12 +169,17 @@ def roll_stops(now: datetime) -> int:
         counted = 0
         stops = dict(mark.stops)
         for row in reports.values("state", "reason").annotate(n=Count("*")).order_by():
-            key = f"{row['state']} {row['reason']}"
+            key = stops_key_of(row["state"], row["reason"])
             stops[key] = int(stops.get(key, 0)) + row["n"]
             counted += row["n"]
         mark.stops, mark.stops_before = stops, before
         mark.save(update_fields=["stops", "stops_before"])
     return counted
+
+
+def stops_key_of(state: str, reason: str) -> str:
+    """The key of ``Rollup.stops`` that counts stops in ``state`` for ``reason``."""
+    return f"{state} {reason}"
 
 
 def stops_key(key: str) -> tuple[str, str]:

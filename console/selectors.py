@@ -1305,7 +1305,7 @@ def trends(*, now: datetime | None = None) -> Trends:
     ``console.rollups``) and ``trace_latency`` for the rest (the current hour, or every
     hour when no beat runs). SQLite (standalone mode) draws every chart but latency."""
     now = now or timezone.now()
-    current = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    current = hour_of(now)
     hours = [current - timedelta(hours=TREND_HOURS - 1 - i) for i in range(TREND_HOURS)]
     index = {hour: i for i, hour in enumerate(hours)}
     week, today, finished = _stops_by_reason(now, index)
@@ -1357,7 +1357,9 @@ def _stops_by_reason(
         if stop["hour"] is not None:
             today[reason] = today.get(reason, 0) + n
             # The hour before the first charted one holds the window's first minutes.
-            if (i := index.get(_hour_utc(stop["hour"]))) is not None:
+            # Inside CASE, date_trunc's value skips TruncHour's conversion: PostgreSQL
+            # hands back the UTC wall time without a zone (hour_of reads it as UTC's).
+            if (i := index.get(hour_of(stop["hour"]))) is not None:
                 finished[i] += n
     return week, today, finished
 
@@ -1405,9 +1407,3 @@ def _latency_per_hour(
 
 def _most_first(counts: Mapping[str, int]) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-
-
-def _hour_utc(hour: datetime) -> datetime:
-    # Inside CASE, date_trunc's value skips TruncHour's conversion: PostgreSQL hands back
-    # the UTC wall time without a zone (SQLite's converter adds one).
-    return hour.replace(tzinfo=UTC) if hour.tzinfo is None else hour.astimezone(UTC)

@@ -276,6 +276,37 @@ def test_a_roll_passes_over_a_task_that_is_moving_and_takes_it_next_time(person:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_two_rolls_that_both_make_a_new_total_add_to_the_one_total() -> None:
+    first = _stopped(TaskState.FAILED, "fatal")
+    rolled, waited = threading.Event(), threading.Event()
+    second_rolled: list[int] = []
+
+    def roll_and_hold() -> None:
+        with transaction.atomic():
+            # The first FAILED test_reader task ever rolled: its total is made here.
+            assert rollups.roll_tasks(timezone.now(), until=time.monotonic() + 30) == 1
+            rolled.set()
+            # The other roll makes the same total meanwhile and waits for this one's.
+            assert waited.wait(10)
+            time.sleep(0.5)
+
+    def roll_another() -> None:
+        assert rolled.wait(10)
+        _stopped(TaskState.FAILED, "fatal")  # its agent's and state's total is not there yet
+        waited.set()
+        second_rolled.append(rollups.roll_tasks(timezone.now(), until=time.monotonic() + 30))
+
+    threads = [_in_thread(roll_and_hold), _in_thread(roll_another)]
+    for thread in threads:
+        thread.join(30)
+
+    assert second_rolled == [1]  # not an error on the total's unique key
+    assert Task.objects.filter(rolled=True).count() == 2 and Task.objects.get(id=first.id).rolled
+    assert TaskTotal.objects.get(agent="test_reader", state=TaskState.FAILED).tasks == 2
+    assert _seen() == _counted()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_metrics_read_the_totals_and_the_rest_at_one_moment() -> None:
     _stopped(TaskState.FAILED, "fatal")
     with queries.snapshot():
