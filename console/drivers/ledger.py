@@ -25,6 +25,9 @@ from guard.steps import Operation as Entry
 
 logger = logging.getLogger(__name__)
 
+_RECORDED = OPERATION_MOVES["record"][1]
+"""What a write's record makes of its operation: what one made later, by a save, answers."""
+
 __all__ = ["DatabaseLedger"]
 
 
@@ -87,25 +90,20 @@ class DatabaseLedger:
         assumed, self._assumed = self._assumed, None
         return assumed
 
-    def flush(self) -> None:
-        """Make now whatever is deferred or assumed: before a write of the driver's own
-        that is not the save carrying it (a stop's save, a lone answer)."""
-        self._flush()
-
     # -- guard.Ledger ----------------------------------------------------------------------
 
     def get(self, key: str) -> Entry | None:
-        self._flush()
+        self.flush()
         with self._watch():
             return self.store.get(key)
 
     def get_many(self, keys: list[str]) -> dict[str, Entry]:
-        self._flush()
+        self.flush()
         with self._watch():
             return self.store.get_many(keys)
 
     def claim(self, key: str, fingerprint: str) -> Claim:
-        self._flush()
+        self.flush()
         tool, args = self._described.get(key, ("", ""))
         if self.assume and self.carry is None:
             # Claimed by the step's save, as a fresh key is: attempt 1, no evidence.
@@ -123,23 +121,23 @@ class DatabaseLedger:
         stored = redact(result.to_dict())
         claimed = self._claimed.pop(key, None)
         if self.assume:
-            self._flush()
+            self.flush()
             self._assumed = Record(key, fingerprint, stored)
             # The claim's attempts and evidence stay as they are; a claim made in an
             # earlier step is not read for them (the guard reads neither).
             attempts, evidence = claimed or (1, "")
-            return Entry(key, fingerprint, OperationState.COMMITTED, result, attempts, evidence)
+            return Entry(key, fingerprint, _RECORDED, result, attempts, evidence)
         if self.defer and claimed is not None and self._deferred is None:
-            # Made by the driver's save that follows, or by _flush() if the ledger is
+            # Made by the driver's save that follows, or by flush() if the ledger is
             # read first.
             self._deferred = Record(key, fingerprint, stored)
-            return Entry(key, fingerprint, OperationState.COMMITTED, result, *claimed)
-        self._flush()
+            return Entry(key, fingerprint, _RECORDED, result, *claimed)
+        self.flush()
         with self._watch():
             return self.store.settle(key, fingerprint, "record", stored)
 
     def mark_unknown(self, key: str, fingerprint: str) -> Entry:
-        self._flush()
+        self.flush()
         with self._watch():
             try:
                 return self.store.settle(key, fingerprint, "lose")
@@ -155,7 +153,7 @@ class DatabaseLedger:
     def resolve(
         self, key: str, *, committed: bool, result: Result | None = None, evidence: str = ""
     ) -> Entry:
-        self._flush()
+        self.flush()
         stored = redact(result.to_dict()) if committed and result is not None else None
         with self._watch():
             move = SETTLE_MOVES[committed]
@@ -163,11 +161,12 @@ class DatabaseLedger:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         """Make a deferred record or an assumed move now: before the ledger is read, so
-        reads see it. An assumed move that cannot be made as assumed (the key was claimed
-        before, the write settled meanwhile) is :class:`MoveRefused`: the step was decided
-        on it, and is run again."""
+        reads see it, and before a write of the driver's own that is not the save carrying
+        it (a stop's save, a lone answer). An assumed move that cannot be made as assumed
+        (the key was claimed before, the write settled meanwhile) is :class:`MoveRefused`:
+        the step was decided on it, and is run again."""
         assumed = self.take_assumed()
         if isinstance(assumed, Claiming):
             with self._watch():

@@ -309,19 +309,14 @@ def _save_sql(
 
 
 @cache
-def _save_with_record_sql(events: int, checkpoint: bool, answer: bool = False) -> str:
-    """A save that also makes a write's record; its third column says whether it did, its
-    fourth (with the ``answer``) whether the answer was stored."""
+def _save_with_record_sql(events: int, checkpoint: bool) -> str:
+    """A save that also makes a write's record (the runner's, after its tool); its third
+    column says whether it did."""
     move = _MOVE.format(sources=_states("record"), gated="")
     ctes = _save_ctes(events, checkpoint, True)
-    stored = ""
-    if answer:
-        ctes = f"{ctes}, {_ANSWER}"
-        stored = ", EXISTS (SELECT FROM answered)"
     return (
         f"WITH {move}, {ctes} "  # noqa: S608 - constants only
-        f"SELECT saved.stopping, saved.lease_owner, (SELECT count(*) FROM moved){stored} "
-        "FROM saved"
+        "SELECT saved.stopping, saved.lease_owner, (SELECT count(*) FROM moved) FROM saved"
     )
 
 
@@ -467,9 +462,10 @@ class PostgresStore(BaseStore):
         events, checkpoint = min(len(step.events), 1), step.checkpoint is not None
         answer = step.answer
         answered = [] if answer is None else self._answer_params(answer)
+        if record is not None and (step.assumes is not None or answer is not None):
+            # A record rides alone on the runner's save: never a move or an answer dropped.
+            raise ValueError(f"task {self.task_id}: a save with a record and more to make")
         if step.assumes is not None:
-            if record is not None:  # one move rides on a save: never one dropped for another
-                raise ValueError(f"task {self.task_id}: a save assuming a move and a record")
             return self._save_assuming(step, step.assumes, answered)
         if record is None:
             sql = _save_sql(
@@ -483,16 +479,12 @@ class PostgresStore(BaseStore):
             return saved
         params = self._move_params(record.key, record.fingerprint, "record", record.result)
         row = fetch_one(
-            _save_with_record_sql(events, checkpoint, answer is not None),
-            [*params, *self._save_params(step), *answered],
+            _save_with_record_sql(events, checkpoint), [*params, *self._save_params(step)]
         )
         failed = None
         if row is not None and row[2] == 0:
             failed = self._why_not(record.key, record.fingerprint, "record")
-        saved = self._saved(step, row, failed)
-        if answer is not None and row is not None and not row[3]:
-            raise AnsweredBefore(f"request {answer.request_id} was answered before")
-        return saved
+        return self._saved(step, row, failed)
 
     def _save_assuming(
         self, step: Step, move: Claiming | Record, answered: Sequence[Any]
@@ -604,15 +596,6 @@ class _Unlocked(PostgresStore):
             # The row is no longer at the version read (or no longer this driver's):
             # nothing was saved; with the lock, the step meets the row as it is now.
             raise self._refuse("a row changed since it was read") from None
-
-    def go_on(self, task: Task) -> None:
-        if self._refused is not None:
-            raise self._refused
-        super().go_on(task)
-
-    def answered(self, request_id: str) -> Answer | None:
-        # After AnsweredBefore: the retry's step rolled back, its answer is read as ever.
-        return super().answered(request_id)
 
     def open_step(self, request_id: str | None) -> tuple[Task, Answer | None] | None:
         raise self._refuse("locking the row")

@@ -216,9 +216,10 @@ class _Request:
     """The actor drives this attached task: a stored answer may be theirs."""
 
     def answer(self, store: StepStore) -> dict[str, Any]:
-        # A write's ledger move is first assumed made by the step's save (one statement
-        # fewer): when that save cannot make it, the step runs again with the ledger asked.
-        assume = store.carries_moves
+        # A write's ledger move is first assumed made by the step's save, where the store
+        # can carry it (one statement fewer): when that save cannot make it, the step runs
+        # again with the ledger asked.
+        assume = True
         if self.entry.kept:
             try:
                 answered = self._unlocked(store)
@@ -228,16 +229,15 @@ class _Request:
                 pass  # nothing was written: the step runs again, holding the lock
             except MoveRefused:
                 assume = False
-        while True:
+        if assume:
             try:
-                return self._locked(open_store(self.task_id, self.lease), assume=assume)
+                return self._locked(open_store(self.task_id, self.lease), assume=True)
             except MoveRefused:
-                if not assume:  # pragma: no cover - nothing is assumed then
-                    raise
                 # The save could not make the move the step was decided on (the key was
                 # claimed before, the write settled meanwhile): the step rolled back
                 # whole. Once more, the ledger asked first.
-                assume = False
+                pass
+        return self._locked(open_store(self.task_id, self.lease), assume=False)
 
     def _unlocked(self, store: StepStore) -> dict[str, Any] | None:
         """The step on the row as read without its lock, its save a compare-and-set on
