@@ -69,33 +69,49 @@ def _target(move: str) -> str:
     return f"'{OPERATION_MOVES[move][1].value}'"
 
 
+def _claim_ctes(*, source: str, conflict: str, returning: str, from_state: str) -> str:
+    """A claim's insert (``claimed``) and its history row (``history``), as CTEs: taken
+    ``FROM source``, an existing key met with ``ON CONFLICT (key) conflict``, the history's
+    from-state ``from_state``. Written once for both claims below."""
+    target = _target("claim")
+    return f"""claimed AS (
+    INSERT INTO console_operation
+        (key, fingerprint, state, tool, task_id, args_preview, result, attempts, evidence,
+         claimed_at, updated_at)
+    SELECT %s, %s, {target}, %s, %s, %s, NULL, 1, '', %s, %s
+    FROM {source}
+    ON CONFLICT (key) {conflict}
+    RETURNING {returning}
+), history AS (
+    INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
+                                        evidence)
+    SELECT id, %s, {from_state}, {target}, %s, ''
+    FROM claimed
+)"""  # noqa: S608 - built from OPERATION_MOVES' fixed words
+
+
 # The claim: the gate (a CTE named ``saved`` giving the task row's stop fact and lease
 # owner while holding a lock on it), the claim and its history row in one statement.
 # The WHERE of DO UPDATE makes the reclaim of a NOT_COMMITTED key a compare-and-set; any
 # other existing row is left as it is and ``claimed`` is empty.
-_CLAIM = f"""
-WITH {{gate}}, claimed AS (
-    INSERT INTO console_operation
-        (key, fingerprint, state, tool, task_id, args_preview, result, attempts, evidence,
-         claimed_at, updated_at)
-    SELECT %s, %s, {_target("claim")}, %s, %s, %s, NULL, 1, '', %s, %s
-    FROM saved WHERE NOT saved.stopping AND saved.lease_owner = %s
-    ON CONFLICT (key) DO UPDATE
+_CLAIM = (
+    "\nWITH {gate}, "
+    + _claim_ctes(
+        source="saved WHERE NOT saved.stopping AND saved.lease_owner = %s",
+        conflict=f"""DO UPDATE
         SET state = EXCLUDED.state, attempts = console_operation.attempts + 1,
             task_id = EXCLUDED.task_id, result = NULL, updated_at = EXCLUDED.updated_at
         WHERE console_operation.state IN ({_states("claim")})
-          AND console_operation.fingerprint = EXCLUDED.fingerprint
-    RETURNING id, attempts, evidence
-), history AS (
-    INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
-                                        evidence)
-    SELECT id, %s, {_CLAIMED_FROM_SQL}, {_target("claim")}, %s, ''
-    FROM claimed
-)
+          AND console_operation.fingerprint = EXCLUDED.fingerprint""",  # noqa: S608 - fixed words
+        returning="id, attempts, evidence",
+        from_state=_CLAIMED_FROM_SQL,
+    )
+    + """
 SELECT saved.stopping, saved.lease_owner, claimed.id, claimed.attempts,
        claimed.evidence
 FROM saved LEFT JOIN claimed ON true
-"""  # noqa: S608 - built from OPERATION_MOVES' fixed words
+"""
+)
 _GATE = (
     "saved AS (SELECT stop_requested_at IS NOT NULL AS stopping, lease_owner"
     " FROM console_task WHERE id = %s FOR SHARE)"
@@ -144,19 +160,9 @@ _GATE_FOR_MOVE = (
     "gate AS (SELECT stop_requested_at IS NOT NULL AS stopping FROM console_task"
     " WHERE id = %s AND lease_owner = %s AND state = 'RUNNING'{version} FOR UPDATE)"
 )
-_CLAIM_FRESH = f"""claimed AS (
-    INSERT INTO console_operation
-        (key, fingerprint, state, tool, task_id, args_preview, result, attempts, evidence,
-         claimed_at, updated_at)
-    SELECT %s, %s, {_target("claim")}, %s, %s, %s, NULL, 1, '', %s, %s
-    FROM gate WHERE NOT gate.stopping
-    ON CONFLICT (key) DO NOTHING
-    RETURNING id
-), history AS (
-    INSERT INTO console_operationevent (operation_id, at, from_state, to_state, task_id,
-                                        evidence)
-    SELECT id, %s, '', {_target("claim")}, %s, '' FROM claimed
-)"""  # noqa: S608 - built from OPERATION_MOVES' fixed words
+_CLAIM_FRESH = _claim_ctes(
+    source="gate WHERE NOT gate.stopping", conflict="DO NOTHING", returning="id", from_state="''"
+)
 _ASSUMED = {
     "claim": (_CLAIM_FRESH, "claimed"),
     "record": (
